@@ -1,0 +1,145 @@
+"""The policy model: what a validated YAML policy file becomes.
+
+Every node carries its source location (``Loc``) so later checks and the audit
+report can point back at the file. The loader (``loader.py``) builds these; the
+engine only reads them.
+
+Example::
+
+    policies = load_policies(["policies/"])      # -> list[Policy]
+    rule = policies[0].rules[0]
+    rule.when        # Condition | Combo
+    rule.actions[0]  # Action(actuator="affinity", params={"node": 0})
+
+Overhead: plain dataclasses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODES = ("dry-run", "alert-only", "enforce")
+AGGREGATIONS = ("p50", "p90", "p99", "mean", "max", "min", "last", "rate", "count", "delta")
+OPERATORS = (">", ">=", "<", "<=", "==", "!=")
+ROLLBACK_TRIGGERS = ("verify-failed", "clear", "ttl", "shutdown")
+ON_RESTART = ("revert", "adopt")
+
+
+@dataclass(frozen=True)
+class Loc:
+    file: str
+    line: int   # 1-based
+    col: int    # 1-based
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+@dataclass
+class Condition:
+    """``agg(signal{match}[window]) op threshold`` where the threshold is either
+    absolute or ``factor`` times a learned baseline."""
+
+    signal: str
+    agg: str
+    window: float                # seconds
+    op: str
+    threshold: float             # absolute value, or the factor when relative
+    relative: bool = False       # threshold is "<factor>x baseline"
+    match: dict = field(default_factory=dict)
+    baseline_window: float = 600.0   # seconds of healthy history the baseline is the median of
+    loc: Loc | None = None
+
+    def describe(self) -> str:
+        sel = ",".join(f'{k}="{v}"' for k, v in sorted(self.match.items()))
+        rhs = f"{self.threshold:g}x baseline" if self.relative else f"{self.threshold:g}"
+        return f"{self.agg}({self.signal}{{{sel}}}[{self.window:g}s]) {self.op} {rhs}"
+
+
+@dataclass
+class Combo:
+    kind: str                    # "all" | "any"
+    items: list                  # of Condition | Combo
+    loc: Loc | None = None
+
+    def conditions(self) -> list[Condition]:
+        out = []
+        for item in self.items:
+            out.extend(item.conditions() if isinstance(item, Combo) else [item])
+        return out
+
+
+@dataclass
+class Action:
+    actuator: str
+    params: dict = field(default_factory=dict)
+    loc: Loc | None = None
+
+
+@dataclass
+class Verify:
+    when: Condition | Combo      # must hold within ``timeout`` after acting
+    timeout: float
+    loc: Loc | None = None
+
+
+@dataclass
+class Rollback:
+    on: frozenset = frozenset()  # subset of ROLLBACK_TRIGGERS
+    ttl: float | None = None     # seconds; required when "ttl" in on
+    never: bool = False          # explicit "keep the change"
+    on_restart: str = "revert"   # what a restarted controller does with it
+    loc: Loc | None = None
+
+
+@dataclass
+class RateLimit:
+    count: int
+    window: float
+    loc: Loc | None = None
+
+
+@dataclass
+class Rule:
+    name: str
+    when: Condition | Combo
+    actions: list[Action]
+    rollback: Rollback
+    by: tuple[str, ...] = ()     # labels that make a target; () = one target per policy
+    for_: float = 0.0            # sustain before firing
+    clear_for: float = 0.0       # hysteresis before clearing
+    verify: Verify | None = None
+    escalate: bool = True        # on verify failure, go on to the next action
+    cooldown: float = 0.0
+    max_actions: RateLimit | None = None
+    loc: Loc | None = None
+
+    def conditions(self) -> list[Condition]:
+        return self.when.conditions() if isinstance(self.when, Combo) else [self.when]
+
+
+@dataclass
+class Selector:
+    """What a policy may touch, and label matchers applied to every signal it reads."""
+
+    match: dict = field(default_factory=dict)        # e.g. {"job": "llama"}
+    processes: tuple[str, ...] = ()                  # comm names, e.g. ("pt_data_worker",)
+    pids: tuple[int, ...] = ()
+    cgroup: str = ""                                 # cgroup path of the job
+    interfaces: tuple[str, ...] = ()
+    ports: tuple[tuple[int, int], ...] = ()          # inclusive ranges
+    loc: Loc | None = None
+
+    def to_dict(self) -> dict:
+        return {"match": dict(self.match), "processes": list(self.processes), "pids": list(self.pids),
+                "cgroup": self.cgroup, "interfaces": list(self.interfaces),
+                "ports": [list(p) for p in self.ports]}
+
+
+@dataclass
+class Policy:
+    name: str
+    rules: list[Rule]
+    description: str = ""
+    mode: str = "dry-run"
+    selector: Selector = field(default_factory=Selector)
+    loc: Loc | None = None

@@ -1,0 +1,46 @@
+"""Shared test helpers.
+
+Tests that need root, BPF, tracefs or network namespaces run for real. When the
+machine lacks a capability the test fails and says which, unless the run sets
+REFLEXARC_ALLOW_SKIP=1 (CI never does).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def require(ok: bool, capability: str) -> None:
+    """Fail (or, with REFLEXARC_ALLOW_SKIP=1, skip) when ``capability`` is missing."""
+    if ok:
+        return
+    if os.environ.get("REFLEXARC_ALLOW_SKIP") == "1":
+        pytest.skip(f"missing capability: {capability}")
+    pytest.fail(f"missing capability: {capability} (set REFLEXARC_ALLOW_SKIP=1 to skip instead)")
+
+
+def require_root() -> None:
+    require(os.geteuid() == 0, "root (euid 0)")
+
+
+def require_bpf() -> None:
+    """Root, mounted tracefs, kernel headers for bcc and Debian's bcc module."""
+    require_root()
+    require(Path("/sys/kernel/tracing/events").is_dir(), "tracefs mounted at /sys/kernel/tracing")
+    require(Path(f"/lib/modules/{os.uname().release}/build/include").exists(),
+            f"kernel headers at /lib/modules/{os.uname().release}/build (run scripts/bootstrap)")
+    try:
+        import bcc  # noqa: F401
+    except ImportError as exc:
+        require(False, f"Debian's bcc Python module ({exc})")
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return ROOT
