@@ -132,6 +132,12 @@ class Actuator:
     def revert(self, change: Change) -> None:
         raise NotImplementedError
 
+    def refresh(self, change: Change) -> Change | None:
+        """Called every tick while a change is active, to extend it to targets that
+        appeared since (e.g. newly spawned workers). Returns the grown change, which
+        the caller journals, or None when nothing is new."""
+        return None
+
     def close(self) -> None:
         """Release resources (BPF programs, sockets). Does not revert changes."""
 
