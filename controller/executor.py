@@ -1,0 +1,186 @@
+"""Runs one actuator step the same way in every mode: plan, diff, journal, apply.
+
+``enforce`` journals the intent, applies (temporary errors retried with tenacity,
+bounded), journals ``applied``; a failed apply is reverted before the error is
+reported, so nothing is left half-applied. ``dry-run`` stops after the plan and
+returns the diff. ``alert-only`` stops after the plan and raises an alert that
+describes the change instead. Notify-only actuators (alert, log) send in
+``enforce`` and ``alert-only`` and only plan in ``dry-run``.
+
+Example::
+
+    ex = Executor(registry, journal, clock)
+    step = ex.act("affinity", target, {"node": 0}, mode="enforce", policy="p", rule="r")
+    step.outcome        # "applied" | "planned" | "alerted" | "noop" | "notified" | "failed"
+    ex.revert(step.change, step.journal_id, mode="enforce")
+
+Overhead: the actuator's own cost, one fsync per journal step.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from reflexarc.actuators.base import (ActuatorError, Change, PermanentActuatorError, Registry, Target,
+                                      TemporaryActuatorError)
+
+from .journal import Journal
+
+log = logging.getLogger("reflexarc.executor")
+
+FAULT_ENV = "REFLEXARC_FAULT_INJECT"   # "after-intent" | "after-apply": SIGKILL self there
+
+
+@dataclass
+class StepResult:
+    outcome: str
+    change: Change | None = None
+    journal_id: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class RetrySettings:
+    attempts: int = 4
+    wait_min: float = 0.05
+    wait_max: float = 2.0
+
+
+class Executor:
+    def __init__(self, registry: Registry, journal: Journal | None, clock, retry: RetrySettings | None = None,
+                 real_sleep: bool = True) -> None:
+        self.registry = registry
+        self.journal = journal
+        self.clock = clock
+        self.retry = retry or RetrySettings()
+        self._sleep = clock.sleep if real_sleep else (lambda s: None)
+
+    def _retrying(self, fn, *args):
+        r = Retrying(stop=stop_after_attempt(self.retry.attempts),
+                     wait=wait_exponential(multiplier=self.retry.wait_min, max=self.retry.wait_max),
+                     retry=retry_if_exception_type(TemporaryActuatorError), sleep=self._sleep, reraise=True)
+        return r(fn, *args)
+
+    @staticmethod
+    def _fault(point: str) -> None:
+        if os.environ.get(FAULT_ENV) == point:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def plan(self, actuator: str, target: Target, params: dict) -> Change:
+        act = self.registry.get(actuator)
+        return self._retrying(act.plan, target, params)
+
+    def act(self, actuator: str, target: Target, params: dict, mode: str, policy: str = "", rule: str = "",
+            on_restart: str = "revert") -> StepResult:
+        try:
+            change = self.plan(actuator, target, params)
+        except ActuatorError as exc:
+            return StepResult("failed", error=f"plan: {exc}")
+        spec = self.registry.spec(actuator)
+        if change.noop and spec.changes_system:
+            return StepResult("noop", change)
+        if not spec.changes_system:
+            if mode == "dry-run":
+                return StepResult("planned", change)
+            return self._send(change)
+        if mode == "dry-run":
+            return StepResult("planned", change)
+        if mode == "alert-only":
+            return self._alert_instead(change, policy, rule)
+        return self._apply(change, policy, rule, on_restart)
+
+    def _send(self, change: Change) -> StepResult:
+        try:
+            self._retrying(self.registry.get(change.actuator).apply, change)
+        except ActuatorError as exc:
+            return StepResult("failed", change, error=str(exc))
+        return StepResult("notified", change)
+
+    def _alert_instead(self, change: Change, policy: str, rule: str) -> StepResult:
+        if "alert" not in self.registry:
+            return StepResult("alerted", change)
+        params = {"severity": "warning",
+                  "summary": f"{policy}/{rule} would apply: {change.summary}",
+                  "labels": {"policy": policy, "rule": rule, "mode": "alert-only"}}
+        try:
+            alert = self.plan("alert", change.target, params)
+            self._retrying(self.registry.get("alert").apply, alert)
+        except ActuatorError as exc:
+            return StepResult("failed", change, error=f"alert: {exc}")
+        return StepResult("alerted", change)
+
+    def _apply(self, change: Change, policy: str, rule: str, on_restart: str) -> StepResult:
+        act = self.registry.get(change.actuator)
+        jid = self.journal.intent(change.to_dict(), policy, rule, on_restart) if self.journal else None
+        self._fault("after-intent")
+        try:
+            self._retrying(act.apply, change)
+        except ActuatorError as exc:
+            undone = self._undo_partial(act, change)
+            if jid:
+                self.journal.mark(jid, "failed" if undone else "intent",
+                                  note=f"apply failed: {exc}" + ("" if undone else "; revert failed"))
+            return StepResult("failed", change, jid, str(exc))
+        if jid:
+            self.journal.mark(jid, "applied")
+        self._fault("after-apply")
+        return StepResult("applied", change, jid)
+
+    def _undo_partial(self, act, change: Change) -> bool:
+        try:
+            self._retrying(act.revert, change)
+            return True
+        except ActuatorError as exc:
+            log.error("could not undo a failed %s: %s", change.actuator, exc)
+            return False
+
+    def refresh(self, change: Change, journal_id: str | None) -> Change | None:
+        """Extend an active change to new targets (e.g. new workers); journal first."""
+        act = self.registry.get(change.actuator)
+        try:
+            grown = act.refresh(change)
+        except ActuatorError as exc:
+            log.warning("refresh of %s failed: %s", change.actuator, exc)
+            return None
+        if grown is not None and journal_id and self.journal:
+            self.journal.mark(journal_id, "applied", note="refreshed", change=grown.to_dict())
+        return grown
+
+    def revert(self, change: Change, journal_id: str | None, mode: str) -> StepResult:
+        if mode != "enforce":
+            return StepResult("would-revert", change)
+        act = self.registry.get(change.actuator)
+        try:
+            self._retrying(act.revert, change)
+        except ActuatorError as exc:
+            return StepResult("failed", change, journal_id, f"revert: {exc}")
+        if journal_id and self.journal:
+            self.journal.mark(journal_id, "reverted")
+        return StepResult("reverted", change, journal_id)
+
+    def release(self, journal_id: str | None, state: str) -> None:
+        """Close a journal entry without reverting (``kept`` for rollback: never)."""
+        if journal_id and self.journal:
+            self.journal.mark(journal_id, state)
+
+    def reconcile(self) -> list[tuple[str, StepResult]]:
+        """Revert (or adopt) what a previous process left applied. Returns per entry."""
+        if not self.journal:
+            return []
+        results = []
+        for entry in self.journal.open_entries():
+            change = Change.from_dict(entry.change)
+            if entry.on_restart == "adopt" and entry.state == "applied":
+                self.journal.mark(entry.id, "adopted")
+                results.append((entry.id, StepResult("adopted", change, entry.id)))
+                continue
+            try:
+                res = self.revert(change, entry.id, "enforce")
+            except PermanentActuatorError as exc:   # e.g. the actuator is not available here
+                res = StepResult("failed", change, entry.id, str(exc))
+            results.append((entry.id, res))
+        return results

@@ -1,0 +1,353 @@
+"""The policy language's vocabulary, and the JSON Schema (draft 2020-12) built from it.
+
+``SECTIONS`` names every key of every mapping in a policy file, with its meaning;
+the loader rejects keys that are not there and the schema describes exactly these.
+The schema also draws on the model constants (modes, aggregations, operators,
+rollback triggers), the signal catalogue (signal names and the labels each one
+carries) and the actuator specs (per-actuator parameters), so editors running
+yaml-language-server complete and check policies as the loader does. The
+committed ``policies/schema.json`` is this module's output; a test keeps it equal.
+
+Example::
+
+    python -m reflexarc.controller.policy.schema > policies/schema.json
+
+    # first line of a policy file:
+    # yaml-language-server: $schema=schema.json
+
+Overhead: builds a dictionary of a few hundred entries on demand; nothing at import.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+from reflexarc.actuators.base import ActuatorSpec, ParamSpec
+from reflexarc.actuators.specs import DSCP_NAMES, SPECS
+from reflexarc.controller.signals import CATALOGUE
+
+from .durations import DURATION_PATTERN, EXAMPLES as DURATION_EXAMPLES
+from .model import AGGREGATIONS, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS
+
+SCHEMA_ID = "https://reflexarc.dev/schemas/policy.json"
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
+RELATIVE_THRESHOLD_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*x\s*baseline\s*$"
+PORT_RANGE_PATTERN = r"^\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?$"
+POSITIVE_DURATION_PATTERN = "^(?=.*[1-9])" + DURATION_PATTERN[1:]
+PERCENTILES = ("p50", "p90", "p99")
+IFNAMSIZ = 16           # interface names are at most IFNAMSIZ - 1 bytes
+TASK_COMM_LEN = 16      # the kernel keeps TASK_COMM_LEN - 1 bytes of a comm name
+MAX_PORT = 65535
+MAX_DSCP = 63
+# Parameters of one actuator that are alternatives to each other: give at most one.
+EXCLUSIVE_PARAMS = {"affinity": ("node", "cpus", "device")}
+# (actuator, parameter) whose value is a DSCP name from DSCP_NAMES or a number 0..MAX_DSCP.
+DSCP_PARAM = ("dscp", "dscp")
+SYSTEM_CHANGING = tuple(name for name, spec in SPECS.items() if spec.changes_system)
+
+
+@dataclass(frozen=True)
+class Section:
+    """The keys one mapping of a policy file accepts, with their meaning."""
+
+    keys: dict[str, str]
+    required: tuple[str, ...] = ()
+
+
+SECTIONS: dict[str, Section] = {
+    "file": Section({
+        "policies": "The policies this file defines.",
+    }, required=("policies",)),
+    "policy": Section({
+        "name": "Policy name: lower-case letters, digits and '-', unique across all loaded files.",
+        "description": "What the policy is for, in a sentence or two.",
+        "mode": "dry-run (default): plan and record only; alert-only: raise an alert instead of acting; "
+                "enforce: apply the actions.",
+        "selector": "What the policy may touch, and label matchers applied to every signal it reads.",
+        "rules": "The rules of this policy, each a condition with its remediation.",
+    }, required=("name", "rules")),
+    "selector": Section({
+        "match": "Label matchers applied to every signal the policy reads: \"v\" equals, \"~regex\" matches, "
+                 "\"!v\" differs.",
+        "processes": "Process (comm) names the actions may touch, e.g. pt_data_worker.",
+        "pids": "Process ids the actions may touch.",
+        "cgroup": "Path of the job's cgroup, e.g. /sys/fs/cgroup/job.slice.",
+        "interfaces": "Network interfaces the actions may touch.",
+        "ports": "L4 ports or 'lo-hi' port ranges of the job's flows, e.g. [\"29500-29510\", 12345].",
+    }),
+    "rule": Section({
+        "name": "Rule name: lower-case letters, digits and '-', unique within the policy.",
+        "by": "Labels whose values make a target: the rule fires, acts and rolls back per distinct value "
+              "set. Empty: one target for the whole policy.",
+        "when": "The firing condition: a condition, or {all: [...]} / {any: [...]} of them, nestable.",
+        "for": f"How long the condition must hold before the rule fires (default 0), {DURATION_EXAMPLES}.",
+        "clear_for": f"How long the condition must be false before the rule clears (default 0), "
+                     f"{DURATION_EXAMPLES}.",
+        "actions": "Remediation steps, in order. With escalation, the next step runs when verification "
+                   "of the previous one fails.",
+        "escalate": "On a failed verification, go on to the next action (default true).",
+        "verify": "What must hold within a timeout after acting for the remediation to count as working.",
+        "rollback": "When to undo the actions' changes: a mapping, or 'never' to keep them. Required when "
+                    "an action changes the system.",
+        "cooldown": f"Quiet time after a remediation ends before the rule may act again (default 0), "
+                    f"{DURATION_EXAMPLES}.",
+        "max_actions": "At most this many remediations per target within a sliding window.",
+    }, required=("name", "when", "actions")),
+    "condition": Section({
+        "signal": "Name of a catalogued signal.",
+        "match": "Label matchers on the signal's own labels: \"v\" equals, \"~regex\" matches, \"!v\" differs.",
+        "agg": "Aggregation over the window: " + ", ".join(AGGREGATIONS) + ".",
+        "window": f"Look-back window of the aggregation (> 0), {DURATION_EXAMPLES}.",
+        "op": "Comparison: " + " ".join(OPERATORS) + ".",
+        "threshold": "A number, or '<factor>x baseline' (e.g. '3x baseline') relative to the median "
+                     "of the signal's healthy history.",
+        "baseline": f"Healthy history the baseline is the median of (default 10m), {DURATION_EXAMPLES}.",
+    }, required=("signal", "agg", "window", "op", "threshold")),
+    "combo": Section({
+        "all": "Holds when every item holds.",
+        "any": "Holds when at least one item holds.",
+    }),
+    "action": Section({
+        "actuator": "Name of the actuator: " + ", ".join(SPECS) + ".",
+        "params": "Parameters of the actuator.",
+    }, required=("actuator",)),
+    "verify": Section({
+        "when": "The condition that must hold after acting: a condition, or {all: [...]} / {any: [...]}.",
+        "timeout": f"How long to wait for it (> 0), {DURATION_EXAMPLES}.",
+    }, required=("when", "timeout")),
+    "rollback": Section({
+        "on": "Events that undo the change: " + ", ".join(ROLLBACK_TRIGGERS) + ".",
+        "ttl": f"Undo the change this long after applying it (with 'ttl' in 'on'), {DURATION_EXAMPLES}.",
+        "on_restart": "What a restarted controller does with a change it finds applied: "
+                      "revert (default) or adopt.",
+        "never": "true: keep the changes (same as writing 'rollback: never'); no other key may be set.",
+    }),
+    "max_actions": Section({
+        "count": "Most remediations allowed within the window (>= 1).",
+        "window": f"Sliding window the count applies to (> 0), {DURATION_EXAMPLES}.",
+    }, required=("count", "window")),
+}
+
+
+def _closed(section: str, properties: dict, title: str) -> dict:
+    spec = SECTIONS[section]
+    assert set(properties) == set(spec.keys), (section, set(properties) ^ set(spec.keys))
+    out = {"type": "object", "description": title,
+           "properties": {key: {**schema, "description": spec.keys[key]} for key, schema in properties.items()},
+           "additionalProperties": False}
+    if spec.required:
+        out["required"] = list(spec.required)
+    return out
+
+
+def _duration(positive: bool) -> dict:
+    number = {"type": "number", "exclusiveMinimum": 0} if positive else {"type": "number", "minimum": 0}
+    pattern = POSITIVE_DURATION_PATTERN if positive else DURATION_PATTERN
+    return {"anyOf": [number, {"type": "string", "pattern": pattern}]}
+
+
+def _ports() -> dict:
+    return {"type": "array", "items": {"anyOf": [
+        {"type": "integer", "minimum": 1, "maximum": MAX_PORT},
+        {"type": "string", "pattern": PORT_RANGE_PATTERN},
+    ]}}
+
+
+def _matchers(labels: list[str] | None) -> dict:
+    out = {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}
+    if labels is not None:
+        out["propertyNames"] = {"enum": labels}
+    return out
+
+
+def _param(actuator: str, param: ParamSpec) -> dict:
+    scalar = {"type": ["string", "number"]}
+    by_type = {
+        "str": scalar,
+        "int": {"type": "integer"},
+        "float": {"type": "number"},
+        "bool": {"type": "boolean"},
+        "duration": _duration(positive=True),
+        "int_list": {"type": "array", "items": {"type": "integer"}},
+        "str_list": {"type": "array", "items": scalar},
+        "port_range": _ports(),
+        "mapping": {"type": "object"},
+    }
+    if param.choices:
+        out = {"enum": list(param.choices)}
+    elif (actuator, param.name) == DSCP_PARAM:
+        out = {"anyOf": [{"enum": list(DSCP_NAMES)}, {"type": "integer", "minimum": 0, "maximum": MAX_DSCP}]}
+    else:
+        out = dict(by_type[param.type])
+    out["description"] = param_description(param)
+    if param.default is not None:
+        out["default"] = param.default
+    return out
+
+
+def param_description(param: ParamSpec) -> str:
+    """One line about a parameter: its help, type, choices and default."""
+    parts = [param.help] if param.help else []
+    parts.append(f"type {param.type}")
+    if param.choices:
+        parts.append("one of " + ", ".join(map(str, param.choices)))
+    parts.append("required" if param.required else f"default {param.default!r}" if param.default is not None
+                 else "optional")
+    return "; ".join(parts)
+
+
+def _params(spec: ActuatorSpec) -> dict:
+    out = {"type": "object", "description": f"Parameters of '{spec.name}': {spec.help}",
+           "properties": {p.name: _param(spec.name, p) for p in spec.params}, "additionalProperties": False}
+    required = [p.name for p in spec.params if p.required]
+    if required:
+        out["required"] = required
+    exclusive = EXCLUSIVE_PARAMS.get(spec.name)
+    if exclusive:
+        pairs = [[a, b] for i, a in enumerate(exclusive) for b in exclusive[i + 1:]]
+        out["not"] = {"anyOf": [{"required": pair} for pair in pairs]}
+    return out
+
+
+def _action() -> dict:
+    action = _closed("action", {
+        "actuator": {"enum": list(SPECS)},
+        "params": {"type": "object"},
+    }, "One remediation step.")
+    branches = []
+    for name, spec in SPECS.items():
+        branch = {"if": {"properties": {"actuator": {"const": name}}, "required": ["actuator"]},
+                  "then": {"properties": {"params": _params(spec)}}}
+        if any(p.required for p in spec.params):
+            branch["then"]["required"] = ["params"]
+        branches.append(branch)
+    action["allOf"] = branches
+    return action
+
+
+def _condition() -> dict:
+    condition = _closed("condition", {
+        "signal": {"enum": list(CATALOGUE)},
+        "match": _matchers(None),
+        "agg": {"enum": list(AGGREGATIONS)},
+        "window": _duration(positive=True),
+        "op": {"enum": list(OPERATORS)},
+        "threshold": {"anyOf": [{"type": "number"}, {"type": "string", "pattern": RELATIVE_THRESHOLD_PATTERN}]},
+        "baseline": _duration(positive=True),
+    }, "agg(signal{match}[window]) op threshold.")
+    condition["allOf"] = [
+        {"if": {"properties": {"signal": {"const": name}}, "required": ["signal"]},
+         "then": {"properties": {"match": {"propertyNames": {"enum": list(spec.labels)}}}}}
+        for name, spec in CATALOGUE.items()
+    ]
+    return condition
+
+
+def _when() -> dict:
+    items = {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/when"}}
+    combo = _closed("combo", {"all": items, "any": items}, "A combination of conditions: exactly one of all, any.")
+    combo["minProperties"] = 1
+    combo["maxProperties"] = 1
+    return {"description": "A condition, or {all: [...]} / {any: [...]} of them.",
+            "anyOf": [{"$ref": "#/$defs/condition"}, combo]}
+
+
+def _rollback() -> dict:
+    triggers = {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"enum": list(ROLLBACK_TRIGGERS)}}
+    mapping = _closed("rollback", {
+        "on": triggers,
+        "ttl": _duration(positive=True),
+        "on_restart": {"enum": list(ON_RESTART), "default": "revert"},
+        "never": {"type": "boolean"},
+    }, "When to undo the actions' changes.")
+    has_ttl_trigger = {"properties": {"on": {"contains": {"const": "ttl"}}}, "required": ["on"]}
+    mapping["allOf"] = [
+        {"if": {"properties": {"never": {"const": True}}, "required": ["never"]},
+         "then": {"maxProperties": 1}, "else": {"required": ["on"]}},
+        {"if": has_ttl_trigger, "then": {"required": ["ttl"]}},
+        {"if": {"required": ["ttl"]}, "then": has_ttl_trigger},
+    ]
+    return {"description": SECTIONS["rule"].keys["rollback"],
+            "anyOf": [{"const": "never", "description": "Keep the changes."}, mapping]}
+
+
+def _rule() -> dict:
+    rule = _closed("rule", {
+        "name": {"type": "string", "pattern": NAME_PATTERN},
+        "by": {"type": "array", "uniqueItems": True,
+               "items": {"enum": sorted({label for spec in CATALOGUE.values() for label in spec.labels})}},
+        "when": {"$ref": "#/$defs/when"},
+        "for": _duration(positive=False),
+        "clear_for": _duration(positive=False),
+        "actions": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/action"}},
+        "escalate": {"type": "boolean", "default": True},
+        "verify": _closed("verify", {"when": {"$ref": "#/$defs/when"}, "timeout": _duration(positive=True)},
+                          "Verification after acting."),
+        "rollback": {"$ref": "#/$defs/rollback"},
+        "cooldown": _duration(positive=False),
+        "max_actions": _closed("max_actions", {"count": {"type": "integer", "minimum": 1},
+                                               "window": _duration(positive=True)}, "A rate limit."),
+    }, "A condition and its remediation.")
+    rule["allOf"] = [
+        {"if": {"properties": {"actions": {"contains": {
+            "properties": {"actuator": {"enum": list(SYSTEM_CHANGING)}}, "required": ["actuator"]}}},
+            "required": ["actions"]},
+         "then": {"required": ["rollback"]}},
+        {"if": {"properties": {"actions": {"minItems": 2}, "escalate": {"const": True}}, "required": ["actions"]},
+         "then": {"required": ["verify"]}},
+        {"if": {"properties": {"rollback": {"type": "object", "properties": {
+            "on": {"contains": {"const": "verify-failed"}}}, "required": ["on"]}}, "required": ["rollback"]},
+         "then": {"required": ["verify"]}},
+    ]
+    return rule
+
+
+def build_schema() -> dict:
+    """The JSON Schema of a policy file, as a dictionary."""
+    all_labels = sorted({label for spec in CATALOGUE.values() for label in spec.labels})
+    policy = _closed("policy", {
+        "name": {"type": "string", "pattern": NAME_PATTERN},
+        "description": {"type": "string"},
+        "mode": {"enum": list(MODES), "default": "dry-run"},
+        "selector": {"$ref": "#/$defs/selector"},
+        "rules": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/rule"}},
+    }, "One policy.")
+    selector = _closed("selector", {
+        "match": _matchers(all_labels),
+        "processes": {"type": "array", "items": {"type": "string"}},
+        "pids": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        "cgroup": {"type": "string", "pattern": "^/"},
+        "interfaces": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": IFNAMSIZ - 1}},
+        "ports": _ports(),
+    }, SECTIONS["policy"].keys["selector"])
+    root = _closed("file", {"policies": {"type": "array", "items": {"$ref": "#/$defs/policy"}}},
+                   "A reflexarc policy file.")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "reflexarc policy file",
+        **root,
+        "$defs": {
+            "policy": policy,
+            "selector": selector,
+            "rule": _rule(),
+            "when": _when(),
+            "condition": _condition(),
+            "action": _action(),
+            "rollback": _rollback(),
+        },
+    }
+
+
+def render() -> str:
+    """The schema as the text committed in ``policies/schema.json``."""
+    return json.dumps(build_schema(), indent=2) + "\n"
+
+
+def main() -> None:
+    sys.stdout.write(render())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Text formatting shared by the HTML, Markdown, JSON and terminal reports.
+
+Times are simulated seconds from 0 in scenarios and Unix time on nodes; every
+report shows them the same way through ``Clock``. Changes are shown as unified
+diffs of pretty-printed JSON, so a structured ``before``/``after`` reads like a
+code review.
+
+Example::
+
+    Clock(wall=False).at(125.0)          # '2m05.0s'
+    Clock(wall=True).at(1700000000.0)    # '22:13:20'  (UTC)
+    duration(3725)                       # '1h02m'
+    diff_lines({"cpus": [0, 1]}, {"cpus": [0]})
+
+Overhead: string formatting only.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from datetime import datetime, timezone
+
+FULL_CONTEXT_LINES = 40
+
+
+def duration(seconds: float | None) -> str:
+    """'850 ms', '12.5 s', '2m05s', '1h02m'; '-' for None."""
+    if seconds is None:
+        return "-"
+    sign, s = ("-" if seconds < 0 else ""), abs(seconds)
+    if s < 1:
+        return f"{sign}{s * 1000:.0f} ms"
+    if s < 60:
+        return f"{sign}{s:.1f} s"
+    if s < 3600:
+        return f"{sign}{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{sign}{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+class Clock:
+    """How to print a ``ts``: seconds since start (simulations) or UTC wall time."""
+
+    def __init__(self, wall: bool) -> None:
+        self.wall = wall
+
+    def at(self, ts: float | None) -> str:
+        if ts is None:
+            return "-"
+        if self.wall:
+            return datetime.fromtimestamp(ts, timezone.utc).strftime("%H:%M:%S.%f")[:10]
+        if ts < 60:
+            return f"{ts:.1f}s"
+        return f"{int(ts // 60)}m{ts % 60:04.1f}s"
+
+    def stamp(self, ts: float | None) -> str:
+        """A full, unambiguous form for headers."""
+        if ts is None:
+            return "-"
+        if self.wall:
+            return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return f"t={ts:g} s"
+
+    def tick(self, ts: float, step: float) -> str:
+        """An axis label for ``ts`` on a grid of ``step`` seconds."""
+        if self.wall:
+            fmt = "%H:%M" if step >= 60 else "%H:%M:%S"
+            return datetime.fromtimestamp(ts, timezone.utc).strftime(fmt)
+        if step >= 60 or abs(ts) >= 600:
+            return f"{int(ts // 60)}:{int(round(ts % 60)):02d}"
+        return f"{ts:g}"
+
+    def axis_label(self, step: float) -> str:
+        if self.wall:
+            return "time (UTC)"
+        return "time since start (min:s)" if step >= 60 else "time since start (s)"
+
+
+def number(value) -> str:
+    """Compact, unit-free: '0.31', '812', '12.3k', '3.4M'; '-' when not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "-"
+    a = abs(value)
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "k")):
+        if a >= limit:
+            return f"{value / limit:.3g}{suffix}"
+    if a >= 100 or a == 0:
+        return f"{value:.0f}"
+    return f"{value:.3g}"
+
+
+def pretty(value) -> str:
+    """Stable, indented JSON (or the text itself for strings)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+def compact(value, limit: int = 160) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def diff_lines(before, after) -> list[str]:
+    """The change as unified-diff lines ('-' before, '+' after, ' ' unchanged).
+
+    Structured values are compared line by line on their pretty JSON; a short
+    object keeps all its lines as context so the reader sees it whole."""
+    if before == after:
+        return [" " + line for line in pretty(after).splitlines()] or [" "]
+    old = [] if before is None else pretty(before).splitlines()
+    new = [] if after is None else pretty(after).splitlines()
+    context = max(len(old), len(new)) if max(len(old), len(new)) <= FULL_CONTEXT_LINES else 3
+    out = []
+    for line in difflib.unified_diff(old, new, lineterm="", n=context):
+        if line.startswith(("---", "+++")):
+            continue
+        if line.startswith("@@") and context != 3:
+            continue
+        out.append(line)
+    return out
+
+
+def evidence_text(item: dict) -> str:
+    """'p99(x[30s]) > 3x baseline: 812 vs 150 (baseline 50) ✗' from an evidence item."""
+    cond = str(item.get("condition") or item.get("signal") or "?")
+    value, threshold, baseline = item.get("value"), item.get("threshold"), item.get("baseline")
+    parts = [f"{cond}: {'no data' if value is None else number(value)}"]
+    if threshold is not None:
+        parts.append(f"vs {number(threshold)}")
+    if baseline is not None:
+        parts.append(f"(baseline {number(baseline)})")
+    ok = item.get("ok")
+    if isinstance(ok, bool):
+        parts.append("holds" if ok else "does not hold")
+    return " ".join(parts)
