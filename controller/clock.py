@@ -36,6 +36,9 @@ class SimClock:
     def now(self) -> float:
         return self._now
 
+    def set(self, t: float) -> None:
+        self._now = float(t)
+
     def advance(self, seconds: float) -> None:
         self._now += seconds
 

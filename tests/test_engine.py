@@ -24,7 +24,7 @@ def run(pol, fault=lambda t, fixed: 300.0 if 60 <= t else 50.0, fixable=True, un
     ctl.start("test")
     states = []
     for t in range(until):
-        clock._now = float(t)
+        clock.set(float(t))
         fixed = fixable and state.get("rank=0") == 1
         bus.publish("step_time_ms", {"job": "j", "rank": "0"}, 50.0 if fixed else fault(t, fixed), t)
         ctl.tick()

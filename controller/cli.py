@@ -1,0 +1,421 @@
+"""The ``reflexarc`` command line.
+
+    reflexarc validate FILE|DIR...           check policies (file:line:col: error: ...)
+    reflexarc simulate --list | SCENARIO     run a scenario in simulated time, write audit + report
+    reflexarc test-policies FILE|DIR...      policy unit tests (scenario + expected actions)
+    reflexarc report AUDIT --out DIR         HTML/JSON/Markdown report of an audit log
+    reflexarc run [--policy P] [--mode M]    the controller on live probes (default dry-run)
+    reflexarc probes [--dump-bpf]            each probe's tier, status and attach points
+    reflexarc top                            live signals per target
+    reflexarc act ACTUATOR key=value...      one actuator by hand, through plan/diff/journal
+    reflexarc rollback ID|--all              revert journaled changes
+    reflexarc journal                        list journaled changes
+
+Bad input gives one ``error:`` line and a non-zero exit, never a traceback
+(``REFLEXARC_DEBUG=1`` shows it). Overhead: argument parsing only; each command
+imports what it needs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from reflexarc.actuators.base import ActuatorError
+
+from .policy.model import MODES
+
+DEFAULT_STATE_DIR = "/var/lib/reflexarc"
+
+
+class CliError(Exception):
+    """An error the user can fix; printed as one ``error:`` line."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        print(f"error: {message} (see '{self.prog} --help')", file=sys.stderr)
+        sys.exit(2)
+
+
+# --- helpers -------------------------------------------------------------------
+def _paths_or_builtin(paths):
+    if paths:
+        return paths
+    from .simulate import BUILTIN_POLICIES
+    return [str(BUILTIN_POLICIES)]
+
+
+def _load_policies(paths):
+    from .policy.diagnostics import PolicyError
+    from .policy.loader import load_policies
+    try:
+        return load_policies(_paths_or_builtin(paths))
+    except PolicyError as exc:
+        for d in exc.diagnostics:
+            print(d, file=sys.stderr)
+        raise CliError(f"{len([d for d in exc.diagnostics if d.is_error])} error(s) in policy files") from None
+
+
+def _actuator_config(args):
+    from reflexarc.actuators.registry import ActuatorConfig
+    return ActuatorConfig(proc_root=args.proc_root, sys_root=args.sys_root, state_dir=args.state_dir,
+                          hook_dir=args.hook_dir, alertmanager_url=args.alertmanager_url,
+                          webhook_url=args.webhook_url)
+
+
+def _journal(args, clock=None):
+    from .journal import Journal, JournalLocked
+    try:
+        return Journal(Path(args.state_dir) / "journal.jsonl", clock)
+    except JournalLocked as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"cannot open the journal in {args.state_dir}: {exc.strerror or exc}") from None
+
+
+# --- commands ------------------------------------------------------------------
+def cmd_validate(args) -> int:
+    from .policy.loader import validate_paths
+    policies, diags = validate_paths(args.paths)
+    for d in diags:
+        print(d)
+    errors = [d for d in diags if d.is_error]
+    if errors:
+        print(f"error: {len(errors)} error(s) in {len(args.paths)} path(s)", file=sys.stderr)
+        return 1
+    print(f"ok: {len(policies)} policies, {sum(len(p.rules) for p in policies)} rules")
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    from reflexarc.simulations import ScenarioError, list_scenarios
+    if args.list or not args.scenario:
+        for name, desc in list_scenarios():
+            print(f"{name:24s} {desc}")
+        return 0
+    from .report import format_summary_table, summarize
+    from .simulate import run_scenario
+    out = Path(args.out or f"out/{args.scenario.replace('/', '_')}")
+    try:
+        result = run_scenario(args.scenario, args.policy or None, args.mode, out, report=True)
+    except ScenarioError as exc:
+        raise CliError(str(exc)) from None
+    print(format_summary_table(summarize(result.records)))
+    print(f"audit:  {result.audit_path}")
+    print(f"report: {result.reports.get('html')}")
+    return 0
+
+
+def cmd_test_policies(args) -> int:
+    from .policy_tests import run_policy_tests
+    return run_policy_tests(args.paths, verbose=args.verbose)
+
+
+def cmd_report(args) -> int:
+    from .report import format_summary_table, summarize, write_report
+    audit = Path(args.audit)
+    if not audit.is_file():
+        raise CliError(f"{audit}: no such audit file")
+    paths = write_report(audit, Path(args.out))
+    from .report.audit import load_audit
+    print(format_summary_table(summarize(load_audit(audit).records)))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def _selection(policies, job: str):
+    from reflexarc.bpf.probe import Selection
+    comms, pids, ports = set(), set(), set()
+    for p in policies:
+        comms.update(p.selector.processes)
+        pids.update(p.selector.pids)
+        ports.update(tuple(r) for r in p.selector.ports)
+    return Selection(comms=tuple(sorted(comms)) or ("pt_data_worker",), pids=tuple(sorted(pids)),
+                     ports=tuple(sorted(ports)), job=job)
+
+
+def cmd_run(args) -> int:
+    from reflexarc.actuators.registry import build_registry
+    from .audit import AuditLog
+    from .bus import SignalBus
+    from .clock import WallClock
+    from .engine import Controller
+    from .limits import LimitSettings
+    from .live import run_live
+    from .sources import ProbeSource, ReplaySource, SourceError
+    policies = _load_policies(args.policy)
+    clock = WallClock()
+    sources = []
+    config = _actuator_config(args)
+    try:
+        if args.replay:
+            sources.append(ReplaySource(args.replay, clock.now()))
+    except SourceError as exc:
+        raise CliError(str(exc)) from None
+    if not args.no_probes:
+        from reflexarc.bpf.manager import ProbeManager
+        manager = ProbeManager(_selection(policies, args.job), interval=args.interval)
+        for name, status in manager.start().items():
+            logging.getLogger("reflexarc.probes").info("%s: %s", name, status)
+        config.deep_tier = manager
+        sources.append(ProbeSource(manager))
+    journal = _journal(args, clock)
+    audit_path = Path(args.audit or Path(args.state_dir) / "audit.jsonl")
+    ctl = Controller(policies, SignalBus(), build_registry(config), clock, mode_override=args.mode,
+                     journal=journal, audit=AuditLog(audit_path, clock, evals="changes"),
+                     limits=LimitSettings(args.kill_switch, args.max_active, args.actions_per_hour))
+    ctl.start(source="live")
+    summary = run_live(ctl, sources, clock, args.interval, args.duration, args.metrics_port)
+    journal.close()
+    print(json.dumps({k: v for k, v in summary.items() if k != "states"}, sort_keys=True))
+    print(f"audit: {audit_path}")
+    return 0
+
+
+def cmd_probes(args) -> int:
+    from reflexarc.bpf.manager import ProbeManager
+    policies = _load_policies(args.policy)
+    manager = ProbeManager(_selection(policies, args.job))
+    if args.dump_bpf:
+        print(manager.dump_bpf())
+        return 0
+    statuses = manager.start()
+    try:
+        print(f"{'probe':14s} {'tier':6s} {'status':12s} attach points / reason")
+        for name, st in statuses.items():
+            probe = manager.probe(name)
+            tier = probe.tier if probe else "?"
+            where = ", ".join(st.attach_points) or "-"
+            print(f"{name:14s} {tier:6s} {st.state:12s} {where}" + (f"  ({st.reason})" if st.reason else ""))
+    finally:
+        manager.stop()
+    return 0
+
+
+def cmd_top(args) -> int:
+    from .top import run_top
+    return run_top(_selection(_load_policies(args.policy), args.job), args.interval, args.count)
+
+
+def _coerce(spec, key: str, text: str):
+    from .policy.durations import DurationError, parse_duration
+    p = spec.param(key)
+    if p is None:
+        names = ", ".join(x.name for x in spec.params)
+        raise CliError(f"actuator '{spec.name}' has no parameter '{key}' (it takes: {names})")
+    try:
+        if p.type == "int":
+            return int(text)
+        if p.type == "float":
+            return float(text)
+        if p.type == "bool":
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1", "yes")
+        if p.type == "duration":
+            return parse_duration(text)
+        if p.type == "int_list":
+            out = []
+            for part in text.split(","):
+                lo, _, hi = part.partition("-")
+                out.extend(range(int(lo), int(hi or lo) + 1))
+            return out
+        if p.type == "str_list":
+            return [t for t in text.split(",") if t]
+        if p.type == "port_range":
+            return [[int(a), int(b or a)] for a, _, b in (t.partition("-") for t in text.split(","))]
+        if p.type == "mapping":
+            return json.loads(text)
+    except (ValueError, DurationError) as exc:
+        raise CliError(f"{key}={text}: not a valid {p.type} ({exc})") from None
+    if p.choices and text not in p.choices:
+        raise CliError(f"{key}={text}: must be one of {', '.join(p.choices)}")
+    return text
+
+
+def cmd_act(args) -> int:
+    from reflexarc.actuators.base import Target
+    from reflexarc.actuators.registry import build_registry
+    from .clock import WallClock
+    from .executor import Executor
+    registry = build_registry(_actuator_config(args))
+    if args.actuator not in registry:
+        from .signals import suggest
+        hint = suggest(args.actuator, registry.names())
+        raise CliError(f"unknown actuator '{args.actuator}'" + (f"; did you mean '{hint}'?" if hint else ""))
+    spec = registry.spec(args.actuator)
+    params = {}
+    for item in args.params:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise CliError(f"'{item}': parameters are key=value")
+        params[key] = _coerce(spec, key, value)
+    missing = [p.name for p in spec.params if p.required and p.name not in params]
+    if missing:
+        raise CliError(f"actuator '{spec.name}' needs {', '.join(missing)}")
+    labels = dict(kv.partition("=")[::2] for kv in args.label)
+    selector = {"match": {"job": args.job} if args.job else {}, "processes": args.process, "pids": args.pid,
+                "cgroup": args.cgroup or "", "interfaces": args.interface,
+                "ports": [[int(a), int(b or a)] for a, _, b in (p.partition("-") for p in args.port)]}
+    clock = WallClock()
+    journal = _journal(args, clock) if args.mode == "enforce" else None
+    ex = Executor(registry, journal, clock)
+    res = ex.act(args.actuator, Target(labels, selector), params, args.mode, policy="manual", rule="act")
+    registry.close()
+    view = {"outcome": res.outcome, "journal_id": res.journal_id, "error": res.error,
+            "before": res.change.before if res.change else None,
+            "after": res.change.after if res.change else None,
+            "summary": res.change.summary if res.change else None}
+    print(json.dumps(view, indent=2, sort_keys=True, default=str))
+    if journal:
+        journal.close()
+    if res.outcome == "failed":
+        raise CliError(f"{args.actuator}: {res.error}")
+    return 0
+
+
+def cmd_rollback(args) -> int:
+    from reflexarc.actuators.base import Change
+    from reflexarc.actuators.registry import build_registry
+    from .clock import WallClock
+    from .executor import Executor
+    if not args.all and not args.id:
+        raise CliError("name a journal id or --all")
+    journal = _journal(args, WallClock())
+    ex = Executor(build_registry(_actuator_config(args)), journal, WallClock())
+    entries = journal.open_entries()
+    if args.id:
+        entries = [e for e in entries if e.id == args.id]
+        if not entries:
+            journal.close()
+            raise CliError(f"no open journal entry '{args.id}' (see 'reflexarc journal')")
+    failed = 0
+    for e in entries:
+        res = ex.revert(Change.from_dict(e.change), e.id, "enforce")
+        print(f"{e.id} {e.change['actuator']:14s} {res.outcome}" + (f": {res.error}" if res.error else ""))
+        failed += res.outcome == "failed"
+    journal.close()
+    if not entries:
+        print("nothing to roll back")
+    if failed:
+        raise CliError(f"{failed} change(s) could not be reverted; they stay in the journal")
+    return 0
+
+
+def cmd_journal(args) -> int:
+    journal = _journal(args)
+    for e in journal.entries():
+        print(f"{e.id} {e.state:9s} {e.change['actuator']:14s} {e.policy}/{e.rule}  {e.change.get('summary', '')}")
+    journal.close()
+    return 0
+
+
+# --- parser ----------------------------------------------------------------------
+def build_parser() -> Parser:
+    p = Parser(prog="reflexarc", description="Closed-loop remediation for training nodes.")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--state-dir", default=os.environ.get("REFLEXARC_STATE_DIR", DEFAULT_STATE_DIR),
+                   help="journal and audit directory (default %(default)s)")
+    p.add_argument("--proc-root", default="/proc")
+    p.add_argument("--sys-root", default="/sys")
+    p.add_argument("--hook-dir", default="/run/reflexarc/hooks")
+    p.add_argument("--alertmanager-url", default=os.environ.get("REFLEXARC_ALERTMANAGER_URL"))
+    p.add_argument("--webhook-url", default=os.environ.get("REFLEXARC_WEBHOOK_URL"))
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    s = sub.add_parser("validate", help="check policy files")
+    s.add_argument("paths", nargs="+")
+    s.set_defaults(fn=cmd_validate)
+
+    s = sub.add_parser("simulate", help="run a scenario in simulated time")
+    s.add_argument("scenario", nargs="?")
+    s.add_argument("--list", action="store_true")
+    s.add_argument("--policy", action="append", default=[])
+    s.add_argument("--mode", choices=MODES)
+    s.add_argument("--out")
+    s.set_defaults(fn=cmd_simulate)
+
+    s = sub.add_parser("test-policies", help="run policy unit tests")
+    s.add_argument("paths", nargs="+")
+    s.set_defaults(fn=cmd_test_policies)
+
+    s = sub.add_parser("report", help="write a report from an audit log")
+    s.add_argument("audit")
+    s.add_argument("--out", required=True)
+    s.set_defaults(fn=cmd_report)
+
+    for name, fn, helptext in (("run", cmd_run, "run the controller on live signals"),
+                               ("probes", cmd_probes, "list probes and their status"),
+                               ("top", cmd_top, "show live signals")):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("--policy", action="append", default=[])
+        s.add_argument("--job", default="", help="job label attached to probe signals")
+        s.add_argument("--interval", type=float, default=1.0)
+        if name == "run":
+            s.add_argument("--mode", choices=MODES, help="overrides every policy's mode")
+            s.add_argument("--duration", type=float, help="stop after this many seconds")
+            s.add_argument("--replay", help="also replay signals from a JSONL file")
+            s.add_argument("--no-probes", action="store_true", help="do not load the bcc probes")
+            s.add_argument("--audit", help="audit log path (default STATE_DIR/audit.jsonl)")
+            s.add_argument("--metrics-port", type=int)
+            s.add_argument("--kill-switch", default="/run/reflexarc/disable")
+            s.add_argument("--max-active", type=int, default=4)
+            s.add_argument("--actions-per-hour", type=int, default=20)
+        if name == "probes":
+            s.add_argument("--dump-bpf", action="store_true", help="print the final C of each probe")
+        if name == "top":
+            s.add_argument("--count", type=int, help="refresh this many times, then exit")
+        s.set_defaults(fn=fn)
+
+    s = sub.add_parser("act", help="apply one actuator by hand")
+    s.add_argument("actuator")
+    s.add_argument("params", nargs="*", metavar="key=value")
+    s.add_argument("--mode", choices=("dry-run", "alert-only", "enforce"), default="dry-run")
+    s.add_argument("--job", default="")
+    s.add_argument("--process", action="append", default=[])
+    s.add_argument("--pid", action="append", type=int, default=[])
+    s.add_argument("--cgroup")
+    s.add_argument("--interface", action="append", default=[])
+    s.add_argument("--port", action="append", default=[])
+    s.add_argument("--label", action="append", default=[], metavar="key=value")
+    s.set_defaults(fn=cmd_act)
+
+    s = sub.add_parser("rollback", help="revert journaled changes")
+    s.add_argument("id", nargs="?")
+    s.add_argument("--all", action="store_true")
+    s.set_defaults(fn=cmd_rollback)
+
+    s = sub.add_parser("journal", help="list journaled changes")
+    s.set_defaults(fn=cmd_journal)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return args.fn(args)
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (ActuatorError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # never a traceback for the user
+        if os.environ.get("REFLEXARC_DEBUG") == "1":
+            raise
+        print(f"error: internal error: {type(exc).__name__}: {exc} (REFLEXARC_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 70
+
+
+if __name__ == "__main__":
+    sys.exit(main())

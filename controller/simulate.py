@@ -1,0 +1,90 @@
+"""Runs the controller against a simulated plant in simulated time.
+
+The scenario's plant publishes signals each tick; its simulated actuators stand
+in for the real ones under the same names and parameter specs, so the policies
+are exactly the ones a node runs. A 10-minute scenario runs in well under a
+second of plant time.
+
+Example::
+
+    result = run_scenario("numa-remote-worker", mode="dry-run", out_dir="out/")
+    result.summary["would_have_acted"], result.audit_path, result.reports["html"]
+
+Overhead: one controller tick and one plant step per simulated tick.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import reflexarc.policies
+from reflexarc.simulations import Plant, load_scenario
+
+from .audit import AuditLog
+from .bus import SignalBus
+from .clock import SimClock
+from .engine import Controller
+from .journal import Journal
+from .policy.loader import load_policies
+
+BUILTIN_POLICIES = Path(reflexarc.policies.__file__).resolve().parent
+
+
+@dataclass
+class SimResult:
+    scenario: object
+    mode: str | None
+    summary: dict
+    records: list[dict]
+    plant: Plant
+    audit_path: Path | None = None
+    reports: dict = field(default_factory=dict)
+
+    def actions(self) -> list[dict]:
+        return [r for r in self.records if r["kind"] == "action"]
+
+
+def scenario_policy_paths(scenario) -> list[str]:
+    """The policy files a scenario names: next to the scenario file, else built in."""
+    out = []
+    here = Path(scenario.path).parent if getattr(scenario, "path", None) else None
+    for name in scenario.policies:
+        local = here / name if here else None
+        out.append(str(local if local and local.exists() else BUILTIN_POLICIES / name))
+    return out
+
+
+def run_scenario(scenario, policy_paths: list[str] | None = None, mode: str | None = None,
+                 out_dir: str | Path | None = None, report: bool = False) -> SimResult:
+    sc = load_scenario(scenario) if isinstance(scenario, str) else scenario
+    policies = load_policies(policy_paths or scenario_policy_paths(sc))
+    clock = SimClock()
+    bus = SignalBus(retention=3600.0)
+    plant = Plant(sc, seed=sc.seed)
+    out = Path(out_dir) if out_dir else None
+    audit_path = out / "audit.jsonl" if out else None
+    if audit_path and audit_path.exists():
+        audit_path.unlink()
+    audit = AuditLog(audit_path, clock)
+    audit.keep_in_memory = True
+    with tempfile.TemporaryDirectory(prefix="reflexarc-sim-") as tmp:
+        journal = Journal(Path(tmp) / "journal.jsonl", clock)
+        ctl = Controller(policies, bus, plant.registry(), clock, mode_override=mode, journal=journal,
+                         audit=audit, real_sleep=False)
+        ctl.start(source=f"simulation:{sc.name}", scenario={"name": sc.name, "description": sc.description,
+                                                           "duration": sc.duration, "tick": sc.tick})
+        steps = int(round(sc.duration / sc.tick))
+        for i in range(steps + 1):
+            t = i * sc.tick
+            clock.set(t)
+            plant.step(t, bus.publish)
+            ctl.tick(t)
+        ctl.shutdown()
+        journal.close()
+    audit.close()
+    result = SimResult(sc, mode, ctl.summary(), audit.records, plant, audit_path)
+    if report and audit_path:
+        from .report import write_report
+        result.reports = write_report(audit_path, out)
+    return result
