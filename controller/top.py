@@ -1,0 +1,60 @@
+"""``reflexarc top``: live signals per target, refreshed each interval, in the
+manner of bcc's interval tools (``biolatency 1``, ``runqlat 1``).
+
+Example::
+
+    reflexarc top --interval 1 --count 5
+
+Overhead: the light probe tier plus one table print per interval.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from .signals import CATALOGUE
+
+TARGET_LABELS = ("job", "pid", "dev", "flow", "port", "qp", "iface")
+
+
+def format_table(samples: list[tuple[str, dict, float]]) -> str:
+    rows = []
+    for name, labels, value in samples:
+        target = ",".join(f"{k}={labels[k]}" for k in TARGET_LABELS if k in labels) or "-"
+        q = labels.get("quantile")
+        sig = f"{name}{{q={q}}}" if q else name
+        unit = CATALOGUE[name].unit if name in CATALOGUE else ""
+        rows.append((target, sig, f"{value:.6g}", unit))
+    rows.sort()
+    if not rows:
+        return "(no samples yet: no selected task or flow was active)"
+    w = [max(len(r[i]) for r in rows + [("target", "signal", "value", "unit")]) for i in range(4)]
+    head = f"{'target':{w[0]}}  {'signal':{w[1]}}  {'value':>{w[2]}}  unit"
+    return "\n".join([head] + [f"{t:{w[0]}}  {s:{w[1]}}  {v:>{w[2]}}  {u}" for t, s, v, u in rows])
+
+
+def run_top(selection, interval: float = 1.0, count: int | None = None) -> int:
+    from reflexarc.bpf.manager import ProbeManager
+    manager = ProbeManager(selection, interval=interval)
+    statuses = manager.start()
+    down = [f"{n}: {s}" for n, s in statuses.items() if s.state != "ok"]
+    tty = sys.stdout.isatty()
+    n = 0
+    try:
+        while count is None or n < count:
+            time.sleep(interval)
+            manager.refresh_selection()
+            samples = manager.collect(time.time())
+            if tty:
+                sys.stdout.write("\x1b[H\x1b[2J")
+            print(time.strftime("%H:%M:%S"), f"({len(samples)} samples)")
+            if down:
+                print("not ok: " + "; ".join(down))
+            print(format_table(samples))
+            sys.stdout.flush()
+            n += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        manager.stop()
+    return 0
