@@ -175,7 +175,8 @@ class Executor:
         for entry in self.journal.open_entries():
             change = Change.from_dict(entry.change)
             if entry.on_restart == "adopt" and entry.state == "applied":
-                self.journal.mark(entry.id, "adopted")
+                # stays open: ``rollback`` can still revert it, the next start adopts it again
+                self.journal.mark(entry.id, "applied", note="adopted by a restarted controller")
                 results.append((entry.id, StepResult("adopted", change, entry.id)))
                 continue
             try:

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 OPEN_STATES = ("intent", "applied")
-CLOSED_STATES = ("reverted", "failed", "adopted", "kept", "released")
 
 
 class JournalLocked(RuntimeError):
