@@ -130,3 +130,27 @@ def test_journal_is_exclusive(tmp_path):
     with pytest.raises(JournalLocked):
         Journal(tmp_path / "j.jsonl")
     j.close()
+
+
+def test_state_exported_as_prometheus_enum():
+    ctl, _, _, _ = run(policy(ttl=None), until=70)
+    reg = ctl.metrics.registry
+    labels = {"policy": "test-policy", "rule": "slow-steps", "target": "rank=0"}
+    assert reg.get_sample_value("reflexarc_rule_state", {**labels, "reflexarc_rule_state": "verifying"}) == 1.0
+    assert reg.get_sample_value("reflexarc_rule_state", {**labels, "reflexarc_rule_state": "ok"}) == 0.0
+    assert reg.get_sample_value("reflexarc_actions_total", {"policy": "test-policy", "rule": "slow-steps",
+                                                            "actuator": "knob", "mode": "enforce",
+                                                            "outcome": "applied"}) == 1.0
+
+
+def test_relative_threshold_waits_for_baseline_then_fires():
+    from reflexarc.controller.policy.model import Condition
+    pol = policy()
+    pol.rules[0].when = Condition("step_time_ms", "max", 10.0, ">", 3.0, relative=True, baseline_window=120.0)
+    ctl, state, _, _ = run(pol, fault=lambda t, fixed: 300.0 if t >= 150 else 50.0 + (t % 3))
+    first = next(r for r in ctl.audit.records if r["kind"] == "transition" and r["to"] == "pending")
+    assert first["ts"] == 150.0
+    ev = first["evidence"][0]
+    assert 50.0 <= ev["baseline"] <= 52.0 and ev["threshold"] == ev["baseline"] * 3
+    early = [r for r in ctl.audit.records if r["kind"] == "eval" and r["ts"] < 30]
+    assert all(r["values"][0]["baseline"] is None for r in early), "learning: no baseline yet"

@@ -1,0 +1,104 @@
+"""The command line: clear errors, exit codes, no tracebacks."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+RX = [sys.executable, "-m", "reflexarc.controller.cli"]
+
+BAD = """\
+policies:
+  - name: bad-one
+    mode: enforce
+    rules:
+      - name: r
+        when: {signal: step_time_ms, agg: max, window: 30s, op: ">", threshold: 400}
+        for: 15 sec
+        actions:
+          - actuator: afinity
+            params: {node: 0}
+        rollback: {on: [shutdown]}
+        colldown: 5m
+"""
+
+
+def rx(*args, **kw):
+    return subprocess.run(RX + list(args), capture_output=True, text=True, timeout=120, **kw)
+
+
+def test_validate_reports_three_located_errors(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text(BAD)
+    r = rx("validate", str(f))
+    assert r.returncode == 1
+    errors = [line for line in r.stdout.splitlines() if ": error: " in line]
+    assert len(errors) == 3, r.stdout
+    locs = {line.split(": error: ")[0].replace(str(f) + ":", "") for line in errors}
+    assert locs == {"7:14", "9:23", "12:9"}, errors
+    text = r.stdout
+    assert "did you mean 'affinity'" in text
+    assert "did you mean 'cooldown'" in text
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_validate_builtin_policies_clean(repo_root):
+    r = rx("validate", str(repo_root / "policies"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("ok: ")
+
+
+def test_validate_missing_file_is_one_clean_error(tmp_path):
+    r = rx("validate", str(tmp_path / "nope.yaml"))
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert "nope.yaml" in r.stdout
+
+
+def test_unknown_subcommand_and_option_one_error_line():
+    for args in (("bogus",), ("simulate", "--frobnicate")):
+        r = rx(*args)
+        assert r.returncode == 2
+        assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_unknown_scenario():
+    r = rx("simulate", "no-such-scenario")
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+
+
+def test_act_unknown_actuator_suggests(tmp_path):
+    r = rx("--state-dir", str(tmp_path), "act", "afinity", "node=0")
+    assert r.returncode == 1
+    assert "did you mean 'affinity'" in r.stderr
+
+
+def test_act_bad_params(tmp_path):
+    r = rx("--state-dir", str(tmp_path), "act", "sysctl", "key=kernel.numa_balancing")
+    assert r.returncode == 1 and "needs value" in r.stderr
+    r = rx("--state-dir", str(tmp_path), "act", "sysctl", "kee=x", "value=1")
+    assert r.returncode == 1 and "no parameter 'kee'" in r.stderr
+    r = rx("--state-dir", str(tmp_path), "act", "affinity", "node=zero")
+    assert r.returncode == 1 and "not a valid int" in r.stderr
+
+
+def test_act_dry_run_is_default_and_changes_nothing(tmp_path):
+    knob = tmp_path / "proc" / "sys" / "vm" / "swappiness"
+    knob.parent.mkdir(parents=True)
+    knob.write_text("60\n")
+    r = rx("--state-dir", str(tmp_path / "state"), "--proc-root", str(tmp_path / "proc"),
+           "act", "sysctl", "key=vm.swappiness", "value=10")
+    assert r.returncode == 0, r.stderr
+    assert '"outcome": "planned"' in r.stdout and '"before": "60"' in r.stdout and '"after": "10"' in r.stdout
+    assert knob.read_text() == "60\n"
+    assert not (tmp_path / "state" / "journal.jsonl").exists()
+
+
+def test_report_missing_audit(tmp_path):
+    r = rx("report", str(tmp_path / "audit.jsonl"), "--out", str(tmp_path))
+    assert r.returncode == 1 and r.stderr.startswith("error: ")
+
+
+def test_rollback_needs_target(tmp_path):
+    r = rx("--state-dir", str(tmp_path), "rollback")
+    assert r.returncode == 1 and "--all" in r.stderr
