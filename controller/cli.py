@@ -122,7 +122,7 @@ def cmd_report(args) -> int:
         raise CliError(f"{audit}: no such audit file")
     paths = write_report(audit, Path(args.out))
     from .report.audit import load_audit
-    print(format_summary_table(summarize(load_audit(audit).records)))
+    print(format_summary_table(summarize(load_audit(audit))))
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0

@@ -7,6 +7,9 @@ are not JSON objects with a ``kind`` and a numeric ``ts`` are counted (with a fe
 examples), records of kinds this reader does not know are counted apart, and a
 trail without an ``end`` record is reported as incomplete.
 
+``Audit.records`` is where the fold came from and can be iterated again: an
+``AuditFile`` re-reads the file on each pass, so nothing is held twice.
+
 Example::
 
     audit = load_audit("runs/numa/audit.jsonl")
@@ -14,6 +17,7 @@ Example::
     audit.malformed_count     # lines skipped
     for track in audit.tracks.values():   # one per (policy, rule, target)
         print(track.key, track.evals, len(track.actions))
+    summarize(audit.records)  # a second pass over the file
 
 Overhead: one pass over the file; about 32 bytes per evaluated condition.
 """
@@ -25,7 +29,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 TRACKED_KINDS = ("eval", "transition", "action", "limit")
 KNOWN_KINDS = ("run", "end") + TRACKED_KINDS
@@ -101,10 +105,42 @@ class Track:
             series.add(rec["ts"], item)
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A line of an audit file that is not JSON."""
+
+    reason: str
+    text: str
+
+
+class AuditFile:
+    """The records of an audit file, read anew on every iteration; unreadable lines
+    come out as ``Unreadable``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def numbered(self) -> Iterator[tuple[int, dict | Unreadable]]:
+        """(line number, record) for every non-blank line."""
+        with open(self.path, encoding="utf-8", errors="replace") as fh:
+            for line_no, line in enumerate(fh, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    yield line_no, json.loads(line)
+                except ValueError as exc:
+                    yield line_no, Unreadable(f"not JSON ({exc.msg})", line)
+
+    def __iter__(self) -> Iterator[dict | Unreadable]:
+        return (rec for _, rec in self.numbered())
+
+
 @dataclass
 class Audit:
     """The fold of one audit trail. Build with ``load_audit`` or ``Audit.from_records``."""
 
+    records: Iterable = ()          # the source: an AuditFile, or the records given
     run: dict | None = None
     end: dict | None = None
     tracks: dict[tuple[str, str, str], Track] = field(default_factory=dict)
@@ -113,7 +149,7 @@ class Audit:
     events: list[dict] = field(default_factory=list)      # transitions and actions, in file order
     limits: list[dict] = field(default_factory=list)
     evals: int = 0
-    records: int = 0
+    record_count: int = 0
     first_ts: float | None = None
     last_ts: float | None = None
     malformed_count: int = 0
@@ -137,8 +173,10 @@ class Audit:
 
     @classmethod
     def from_records(cls, records: Iterable) -> "Audit":
-        audit = cls()
-        for line_no, rec in enumerate(records, 1):
+        """Fold record dicts (line numbers count from 1) or an ``AuditFile``."""
+        audit = cls(records=records)
+        numbered = records.numbered() if isinstance(records, AuditFile) else enumerate(records, 1)
+        for line_no, rec in numbered:
             audit.add(rec, line_no)
         return audit
 
@@ -149,6 +187,9 @@ class Audit:
 
     def add(self, rec, line_no: int | None = None) -> None:
         """Fold one decoded record; anything unusable is counted, never raised."""
+        if isinstance(rec, Unreadable):
+            self.bad(line_no, rec.reason, rec.text)
+            return
         problem = self._problem(rec)
         if problem:
             self.bad(line_no, problem, json.dumps(rec, default=str))
@@ -158,7 +199,7 @@ class Audit:
             return
         kind, ts = rec["kind"], as_float(rec["ts"])
         rec = dict(rec, ts=ts)
-        self.records += 1
+        self.record_count += 1
         self.first_ts = ts if self.first_ts is None else min(self.first_ts, ts)
         self.last_ts = ts if self.last_ts is None else max(self.last_ts, ts)
         if kind == "run":
@@ -205,17 +246,5 @@ class Audit:
 
 
 def load_audit(path: str | Path) -> Audit:
-    """Stream ``path`` line by line into a new ``Audit``."""
-    audit = Audit()
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line_no, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError as exc:
-                audit.bad(line_no, f"not JSON ({exc.msg})", line)
-                continue
-            audit.add(rec, line_no)
-    return audit
+    """Stream the file at ``path`` into a new ``Audit``."""
+    return Audit.from_records(AuditFile(path))

@@ -40,7 +40,7 @@ def _action_row(rec: dict, cause: dict | None) -> dict:
            "summary": (change or {}).get("summary"), "has_change": change is not None,
            "before": (change or {}).get("before"), "after": (change or {}).get("after"),
            "diff": diff_lines(change.get("before"), change.get("after")) if change else [],
-           "trigger": None, "evidence": [], "evidence_text": []}
+           "trigger": None, "cause": None, "evidence": [], "evidence_text": []}
     if cause is not None:
         row.update(trigger=cause["trigger"], evidence=cause["evidence"], evidence_text=cause["evidence_text"],
                    cause=f"{cause['from']} -> {cause['to']}")

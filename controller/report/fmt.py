@@ -8,7 +8,7 @@ code review.
 Example::
 
     Clock(wall=False).at(125.0)          # '2m05.0s'
-    Clock(wall=True).at(1700000000.0)    # '22:13:20'  (UTC)
+    Clock(wall=True).at(1700000000.0)    # '22:13:20.0'  (UTC)
     duration(3725)                       # '1h02m'
     diff_lines({"cpus": [0, 1]}, {"cpus": [0]})
 
@@ -22,6 +22,8 @@ import math
 from datetime import datetime, timezone
 
 FULL_CONTEXT_LINES = 40
+INDENT = 2
+INLINE_LIST_CHARS = 80
 
 
 def duration(seconds: float | None) -> str:
@@ -90,10 +92,40 @@ def number(value) -> str:
 
 
 def pretty(value) -> str:
-    """Stable, indented JSON (or the text itself for strings)."""
+    """Stable, indented JSON with short lists of scalars kept on one line (``"cpus": [0, 1]``);
+    strings are returned as they are."""
     if isinstance(value, str):
         return value
-    return json.dumps(value, indent=2, sort_keys=True, default=str)
+    return _pretty(value, 0)
+
+
+def _pretty(value, indent: int) -> str:
+    pad, inner = " " * indent, " " * (indent + INDENT)
+    if isinstance(value, dict) and value:
+        items = [f"{inner}{json.dumps(str(k))}: {_pretty(v, indent + INDENT)}" for k, v in sorted(
+            value.items(), key=lambda kv: str(kv[0]))]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(value, (list, tuple)) and value:
+        if any(isinstance(v, (dict, list, tuple)) for v in value):
+            return "[\n" + ",\n".join(inner + _pretty(v, indent + INDENT) for v in value) + f"\n{pad}]"
+        flat = json.dumps(value, default=str)
+        if len(flat) <= INLINE_LIST_CHARS:
+            return flat
+        return "[\n" + ",\n".join(inner + line for line in _wrap([json.dumps(v, default=str) for v in value])) \
+            + f"\n{pad}]"
+    return json.dumps(value, default=str)
+
+
+def _wrap(words: list[str]) -> list[str]:
+    """Comma-separated words packed into lines of about ``INLINE_LIST_CHARS``."""
+    lines, current = [], []
+    for word in words:
+        if current and len(", ".join(current + [word])) > INLINE_LIST_CHARS:
+            lines.append(", ".join(current))
+            current = []
+        current.append(word)
+    lines.append(", ".join(current))
+    return lines
 
 
 def compact(value, limit: int = 160) -> str:
@@ -110,19 +142,17 @@ def diff_lines(before, after) -> list[str]:
         return [" " + line for line in pretty(after).splitlines()] or [" "]
     old = [] if before is None else pretty(before).splitlines()
     new = [] if after is None else pretty(after).splitlines()
-    context = max(len(old), len(new)) if max(len(old), len(new)) <= FULL_CONTEXT_LINES else 3
+    full = max(len(old), len(new)) <= FULL_CONTEXT_LINES
     out = []
-    for line in difflib.unified_diff(old, new, lineterm="", n=context):
-        if line.startswith(("---", "+++")):
-            continue
-        if line.startswith("@@") and context != 3:
+    for line in difflib.unified_diff(old, new, lineterm="", n=max(len(old), len(new)) if full else 3):
+        if line.startswith(("---", "+++")) or (full and line.startswith("@@")):
             continue
         out.append(line)
     return out
 
 
 def evidence_text(item: dict) -> str:
-    """'p99(x[30s]) > 3x baseline: 812 vs 150 (baseline 50) ✗' from an evidence item."""
+    """'p99(x[30s]) > 3x baseline: 812 vs 150 (baseline 50) holds' from an evidence item."""
     cond = str(item.get("condition") or item.get("signal") or "?")
     value, threshold, baseline = item.get("value"), item.get("threshold"), item.get("baseline")
     parts = [f"{cond}: {'no data' if value is None else number(value)}"]

@@ -9,7 +9,7 @@ Example::
 
     summary = summarize(load_audit("audit.jsonl"))     # or any iterable of record dicts
     print(format_summary_table(summary))
-    summary["rules"][0]["verdict"]   # 'fired 1x; applied 1 (affinity); remediated 12.0 s after onset'
+    summary["rules"][0]["verdict"]   # 'fired 1x; applied 1; remediated 34.0 s after onset; remediated at the end'
 
 Overhead: linear in the number of transitions and actions (evaluations are already folded).
 """
@@ -109,7 +109,9 @@ def _warnings(audit: Audit, counts: dict, clock: Clock) -> list[str]:
     out = []
     if audit.run is None:
         out.append("no `run` record: source, modes and policies are unknown")
-    if not audit.complete:
+    if audit.record_count == 0:
+        out.append("the audit holds no readable record")
+    elif not audit.complete:
         out.append(f"the audit ends without an `end` record (last record at {clock.stamp(audit.last_ts)}): "
                    "the controller stopped before finishing (crash or kill); counts cover what it wrote")
     if audit.malformed_count:
@@ -135,14 +137,15 @@ def _warnings(audit: Audit, counts: dict, clock: Clock) -> list[str]:
 
 
 def summarize(records: Iterable[dict] | Audit) -> dict:
-    """The summary of an audit trail given as record dicts (in file order) or an ``Audit``."""
+    """The summary of an audit trail given as record dicts (in file order), an
+    ``AuditFile`` or an already folded ``Audit``."""
     audit = records if isinstance(records, Audit) else Audit.from_records(records)
     clock = Clock(audit.wall_clock)
     declared = declared_modes(audit)
     rows = [_row(t, declared, audit.complete) for t in _ordered_tracks(audit)]
     outcomes = Counter(str(a.get("outcome") or "?") for a in audit.actions)
     counts = {
-        "records": audit.records, "evals": audit.evals, "transitions": len(audit.transitions),
+        "records": audit.record_count, "evals": audit.evals, "transitions": len(audit.transitions),
         "actions": dict(sorted(outcomes.items())),
         "would_have_acted": sum(outcomes[o] for o in WOULD_ACT),
         "limits": dict(sorted(Counter(str(lim.get("reason") or "?") for lim in audit.limits).items())),
