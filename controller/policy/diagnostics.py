@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SEVERITIES = ("error", "warning")
-
-
 @dataclass(frozen=True, order=True)
 class Diagnostic:
     file: str

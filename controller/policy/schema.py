@@ -7,6 +7,10 @@ rollback triggers), the signal catalogue (signal names and the labels each one
 carries) and the actuator specs (per-actuator parameters), so editors running
 yaml-language-server complete and check policies as the loader does. The
 committed ``policies/schema.json`` is this module's output; a test keeps it equal.
+The schema declares draft 2020-12 but keeps to keywords that mean the same in
+draft-07 (``$defs`` only as a container for ``$ref`` pointers, nothing beside a
+``$ref`` but its description), since yaml-language-server validates with draft-07
+semantics.
 
 Example::
 
@@ -30,7 +34,6 @@ from reflexarc.controller.signals import CATALOGUE
 from .durations import DURATION_PATTERN, EXAMPLES as DURATION_EXAMPLES
 from .model import AGGREGATIONS, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS
 
-SCHEMA_ID = "https://reflexarc.dev/schemas/policy.json"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
 RELATIVE_THRESHOLD_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*x\s*baseline\s*$"
 PORT_RANGE_PATTERN = r"^\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?$"
@@ -325,7 +328,6 @@ def build_schema() -> dict:
                    "A reflexarc policy file.")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": SCHEMA_ID,
         "title": "reflexarc policy file",
         **root,
         "$defs": {
