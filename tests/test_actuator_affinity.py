@@ -1,0 +1,355 @@
+"""The affinity actuator against real processes: workers named ``pt_data_worker``
+(prctl PR_SET_NAME) with several threads of different masks, and a real PyTorch
+DataLoader. The NUMA topology is a fixture sysfs tree ``{node0: cpu0, node1: cpu1}``."""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import require, require_root
+
+from reflexarc.actuators.affinity import AffinityActuator
+from reflexarc.actuators.base import Change, PermanentActuatorError, Target
+from reflexarc.actuators.numa import format_cpulist, parse_cpulist
+from reflexarc.actuators.procs import ProcFS
+
+# A job's main process: forks workers on request. Each worker names itself
+# pt_data_worker, gives its main thread and each extra thread its own mask, prints
+# each thread's id and mask, and starts one more thread (inheriting the main thread's mask) on
+# SIGUSR1.
+JOB = textwrap.dedent(r"""
+    import ctypes, json, os, signal, sys, threading
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def say(obj):
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    def hold(mask, barrier, tids):
+        if mask is not None:
+            os.sched_setaffinity(0, mask)
+        tids.append([threading.get_native_id(), sorted(os.sched_getaffinity(0))])
+        if barrier is not None:
+            barrier.wait()
+        threading.Event().wait()
+
+    def worker(masks):
+        libc.prctl(15, b"pt_data_worker", 0, 0, 0)
+        os.sched_setaffinity(0, masks[0])
+        barrier, tids = threading.Barrier(len(masks)), []
+        for mask in masks[1:]:
+            threading.Thread(target=hold, args=(mask, barrier, tids), daemon=True).start()
+        barrier.wait()
+        def more(*_):
+            extra = []
+            t = threading.Thread(target=hold, args=(None, None, extra), daemon=True)
+            t.start()
+            while not extra:
+                pass
+            say({"pid": os.getpid(), "new_thread": extra[0][0]})
+        signal.signal(signal.SIGUSR1, more)
+        tids.append([threading.get_native_id(), sorted(os.sched_getaffinity(0))])
+        say({"pid": os.getpid(), "masks": tids})
+        while True:
+            signal.pause()
+
+    say({"job": os.getpid()})
+    for line in sys.stdin:
+        masks = json.loads(line)
+        if os.fork() == 0:
+            try:
+                worker(masks)
+            finally:
+                os._exit(0)
+""")
+
+LOADER = textwrap.dedent(r"""
+    import json, os, sys
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Squares(Dataset):
+        def __len__(self):
+            return 4096
+        def __getitem__(self, i):
+            return torch.tensor([float(i), float(i * i)])
+
+    os.sched_setaffinity(0, {0, 1})
+    loader = DataLoader(Squares(), batch_size=8, num_workers=2, persistent_workers=True)
+    batches = iter(loader)
+    first = next(batches)
+    print(json.dumps({"pid": os.getpid(), "first": first[:, 1].tolist()}), flush=True)
+    sys.stdin.read()
+""")
+
+
+def read_line(proc: subprocess.Popen, bound: float = 60.0) -> dict:
+    ready, _, _ = select.select([proc.stdout], [], [], bound)
+    assert ready, f"no output from pid {proc.pid} within {bound}s"
+    line = proc.stdout.readline()
+    assert line, f"pid {proc.pid} closed its output (exit {proc.poll()})"
+    return json.loads(line)
+
+
+def allowed(pid: int, tid: int) -> str:
+    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split()[1]
+    raise AssertionError(f"no Cpus_allowed_list for {pid}/{tid}")
+
+
+def all_threads(pid: int) -> list[int]:
+    return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+
+
+class Job:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", JOB], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.pid = read_line(self.proc)["job"]
+
+    def spawn(self, *masks: set[int]) -> dict:
+        """A worker whose main thread has masks[0] and one extra thread per further mask;
+        returns its pid, thread ids and each thread's own mask as the thread read it."""
+        self.proc.stdin.write(json.dumps([sorted(m) for m in masks]) + "\n")
+        self.proc.stdin.flush()
+        info = read_line(self.proc)
+        info["masks"] = {tid: format_cpulist(mask) for tid, mask in info["masks"]}
+        info["threads"] = sorted(info["masks"])
+        assert sorted(info["masks"].values()) == sorted(format_cpulist(m) for m in masks)
+        return info
+
+    def new_thread(self, pid: int) -> int:
+        os.kill(pid, signal.SIGUSR1)
+        return read_line(self.proc)["new_thread"]
+
+    def target(self) -> Target:
+        return Target(labels={"job": "llama"}, selector={"job": "llama", "pids": [self.pid]})
+
+    def close(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def sys_root(tmp_path: Path) -> Path:
+    root = tmp_path / "sys"
+    for node, cpus in (("node0", "0"), ("node1", "1")):
+        (root / "devices/system/node" / node).mkdir(parents=True)
+        (root / "devices/system/node" / node / "cpulist").write_text(cpus + "\n")
+    (root / "devices/system/cpu").mkdir(parents=True)
+    (root / "devices/system/cpu/online").write_text("0-1\n")
+    for addr, node in (("0000:3b:00.0", "1"), ("0000:5e:00.0", "-1")):
+        (root / "bus/pci/devices" / addr).mkdir(parents=True)
+        (root / "bus/pci/devices" / addr / "numa_node").write_text(node + "\n")
+    return root
+
+
+@pytest.fixture
+def act(sys_root: Path) -> AffinityActuator:
+    return AffinityActuator(proc_root="/proc", sys_root=str(sys_root))
+
+
+@pytest.fixture
+def job():
+    require_root()
+    require(len(os.sched_getaffinity(0)) >= 2 and {0, 1} <= os.sched_getaffinity(0), "CPUs 0 and 1 usable")
+    j = Job()
+    yield j
+    j.close()
+
+
+def journal_roundtrip(change: Change) -> Change:
+    return Change.from_dict(json.loads(json.dumps(change.to_dict())))
+
+
+def test_cpulist_notation_roundtrips():
+    assert parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert format_cpulist([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11"
+    assert parse_cpulist("") == []
+    with pytest.raises(ValueError):
+        parse_cpulist("3-1")
+
+
+def fake_proc(root: Path, pid: int, comm: str, ppid: int, cgroup: str, tids=(), start: int = 5000) -> None:
+    """One process in a fixture proc tree: stat (with start time), comm, cgroup, tasks."""
+    stat = f"{pid} ({comm}) S {ppid} " + " ".join(["0"] * 17) + f" {start} 0 0\n"
+    for tid in (pid, *tids):
+        task = root / str(pid) / "task" / str(tid)
+        task.mkdir(parents=True)
+        (task / "stat").write_text(stat.replace(f"{pid} (", f"{tid} (", 1))
+        status = root / str(tid) / "status"          # /proc/<tid> resolves any thread id
+        status.parent.mkdir(parents=True, exist_ok=True)
+        status.write_text(f"Name:\t{comm}\nTgid:\t{pid}\nPid:\t{tid}\n")
+    (root / str(pid) / "stat").write_text(stat)
+    (root / str(pid) / "comm").write_text(comm + "\n")
+    (root / str(pid) / "cgroup").write_text(cgroup)
+
+
+def test_procfs_scopes_on_a_fixture_tree(tmp_path):
+    root = tmp_path / "proc"
+    train = "0::/system.slice/train.service\n4:cpuset:/\n"
+    fake_proc(root, 1, "systemd", 0, "0::/init.scope\n")
+    fake_proc(root, 100, "python", 1, train)
+    fake_proc(root, 101, "pt_data_worker", 100, "0::/system.slice/train.service/loader\n")
+    fake_proc(root, 102, "pt_data_worker", 100, train, tids=(105,), start=7777)
+    fake_proc(root, 200, "pt_data_worker", 1, "0::/system.slice/other.service\n")
+    fake_proc(root, 300, "pt_data_worker", 1, "0::/system.slice/train.service2\n")
+    fake_proc(root, 400, "a) (b", 100, train, start=4242)
+    procfs = ProcFS(str(root))
+    workers = ("pt_data_worker",)
+    assert procfs.find(workers) == [101, 102, 200, 300]
+    assert procfs.find(workers, pids=[100]) == [101, 102]
+    assert procfs.find(workers, cgroup="/system.slice/train.service/") == [101, 102]
+    assert procfs.find(workers, pid=105) == [102], "a thread id names its process"
+    assert procfs.find(workers, pids=[100], pid=200) == []
+    assert procfs.find(("a) (b",), pids=[1]) == [400]
+    assert procfs.stat(400) == (100, 4242) and procfs.start_time(102, 105) == 7777
+    assert procfs.threads(102) == [102, 105] and procfs.ancestors(101) == [101, 100, 1]
+    assert procfs.alive(102, 7777) and not procfs.alive(102, 7778) and not procfs.alive(999, 7777)
+
+
+def test_cpus_come_from_node_device_or_list(act):
+    assert act.target_cpus({"node": 1}) == ([1], "node 1")
+    assert act.target_cpus({"device": "3b:00.0"}) == ([1], "node 1 of 3b:00.0")
+    assert act.target_cpus({"cpus": [1, 0], "reserved_cpus": [0]})[0] == [1]
+    for bad, words in (({"device": "0000:5e:00.0"}, "numa_node -1"), ({"node": 7}, "no NUMA node 7"),
+                       ({"device": "0000:aa:00.0"}, "no PCI device"), ({"device": "../../x"}, "not a PCI"),
+                       ({"node": 0, "reserved_cpus": [0]}, "no CPU left"), ({"cpus": [5]}, "not online"),
+                       ({"node": 0, "cpus": [1]}, "exactly one"), ({}, "exactly one")):
+        with pytest.raises(PermanentActuatorError, match=words):
+            act.target_cpus(bad)
+
+
+def test_pins_every_thread_and_reverts_each_own_mask(act, job):
+    workers = [job.spawn({0, 1}, {0}, {1}), job.spawn({0}, {0, 1}, {0})]
+    job_mask = allowed(job.pid, job.pid)
+    change = act.plan(job.target(), {"node": 1})
+    assert sorted(p["pid"] for p in change.before["processes"]) == sorted(w["pid"] for w in workers)
+    assert change.before["cpus"] is None and change.after["cpus"] == [1] and not change.noop
+    for w in workers:
+        assert all(allowed(w["pid"], tid) == mask for tid, mask in w["masks"].items()), "plan must not write"
+
+    act.apply(change)
+    for w in workers:
+        assert all_threads(w["pid"]) == sorted(w["threads"])
+        assert {allowed(w["pid"], tid) for tid in w["threads"]} == {"1"}
+    assert allowed(job.pid, job.pid) == job_mask, "the job's main process is not a worker"
+    assert act.plan(job.target(), {"node": 1}).noop
+
+    act.revert(journal_roundtrip(change))
+    for w in workers:
+        assert {tid: allowed(w["pid"], tid) for tid in w["threads"]} == w["masks"]
+    act.revert(change)   # idempotent
+    for w in workers:
+        assert {tid: allowed(w["pid"], tid) for tid in w["threads"]} == w["masks"]
+
+
+def test_single_worker_from_pid_label(act, job):
+    one, other = job.spawn({0, 1}, {0, 1}), job.spawn({0, 1}, {0, 1})
+    target = Target(labels={"pid": str(one["threads"][1])}, selector={"pids": [job.pid]})
+    change = act.plan(target, {"device": "0000:3b:00.0"})
+    assert [p["pid"] for p in change.before["processes"]] == [one["pid"]]
+    act.apply(change)
+    assert {allowed(one["pid"], t) for t in one["threads"]} == {"1"}
+    assert {allowed(other["pid"], t) for t in other["threads"]} == {"0-1"}
+    act.revert(change)
+    assert {allowed(one["pid"], t) for t in one["threads"]} == {"0-1"}
+
+
+def test_no_matching_process_is_permanent(act, job):
+    with pytest.raises(PermanentActuatorError, match="no process matches comm pt_data_worker below pids"):
+        act.plan(job.target(), {"node": 0})
+
+
+def test_revert_never_touches_a_reused_pid(act, job):
+    reused, kept = job.spawn({0}, {0}), job.spawn({0}, {0})
+    change = act.plan(job.target(), {"node": 1})
+    act.apply(change)
+    record = journal_roundtrip(change)
+    for proc in record.before["processes"]:
+        if proc["pid"] == reused["pid"]:
+            proc["start"] += 1      # as if the pid now named a process started later
+    act.revert(record)
+    assert {allowed(reused["pid"], t) for t in reused["threads"]} == {"1"}
+    assert {allowed(kept["pid"], t) for t in kept["threads"]} == {"0"}
+
+
+def test_revert_tolerates_exited_targets(act, job):
+    gone, kept = job.spawn({0}, {0, 1}), job.spawn({0}, {0, 1})
+    change = act.plan(job.target(), {"node": 1})
+    act.apply(change)
+    os.kill(gone["pid"], signal.SIGKILL)
+    while Path(f"/proc/{gone['pid']}").exists():   # the job ignores SIGCHLD: the kernel reaps it
+        select.select([], [], [], 0.01)
+    act.revert(change)
+    assert {tid: allowed(kept["pid"], tid) for tid in kept["threads"]} == kept["masks"]
+
+
+def test_refresh_pins_new_workers_and_threads(act, job):
+    first = job.spawn({0, 1}, {1})
+    change = act.plan(job.target(), {"node": 0})
+    act.apply(change)
+    assert act.refresh(change) is None
+
+    late = job.spawn({1}, {0, 1}, {1})
+    extra_tid = job.new_thread(first["pid"])          # inherits the pinned mask
+    assert allowed(first["pid"], extra_tid) == "0"
+    assert {allowed(late["pid"], t) for t in late["threads"]} != {"0"}
+
+    grown = act.refresh(change)
+    assert grown is not None
+    assert {allowed(late["pid"], t) for t in late["threads"]} == {"0"}
+    recorded = {p["pid"]: {t["tid"]: format_cpulist(t["cpus"]) for t in p["threads"]}
+                for p in grown.before["processes"]}
+    assert recorded[late["pid"]] == late["masks"]
+    assert recorded[first["pid"]][extra_tid] == "0-1", "an inherited mask reverts to the process's original"
+    assert act.refresh(grown) is None
+
+    act.revert(journal_roundtrip(grown))
+    assert {tid: allowed(late["pid"], tid) for tid in late["threads"]} == late["masks"]
+    assert {tid: allowed(first["pid"], tid) for tid in first["threads"]} == first["masks"]
+    assert allowed(first["pid"], extra_tid) == "0-1"
+
+
+def test_real_dataloader_workers(act):
+    require_root()
+    require({0, 1} <= os.sched_getaffinity(0), "CPUs 0 and 1 usable")
+    proc = subprocess.Popen([sys.executable, "-c", LOADER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        info = read_line(proc, bound=120.0)
+        assert info["first"] == [float(i * i) for i in range(8)]
+        main = info["pid"]
+        change = act.plan(Target(selector={"pids": [main]}), {"node": 1})
+        workers = [p["pid"] for p in change.before["processes"]]
+        assert len(workers) == 2 and main not in workers
+        for pid in workers:
+            assert Path(f"/proc/{pid}/comm").read_text().strip() == "pt_data_worker"
+            assert [t["tid"] for p in change.before["processes"] if p["pid"] == pid
+                    for t in p["threads"]] == all_threads(pid)
+        act.apply(change)
+        for pid in workers:
+            assert {allowed(pid, t) for t in all_threads(pid)} == {"1"}
+        assert allowed(main, main) == "0-1"
+        act.revert(change)
+        for pid in workers:
+            assert {allowed(pid, t) for t in all_threads(pid)} == {"0-1"}
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
