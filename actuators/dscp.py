@@ -1,0 +1,730 @@
+"""The ``dscp`` actuator: retags a job's egress flows with a DSCP value through
+one tc-BPF classifier per interface (clsact egress), so the fabric can queue
+them apart (e.g. the gradient all-reduce ports as AF41, bulk checkpoint traffic
+as LE).
+
+The classifier is ``dscp.bpf.c`` beside this loader. Which flows get which
+DSCP lives in a pinned BPF map of rules, so a new or changed mark is a map
+update (~µs), not a filter re-attach (~ms). Program and maps are pinned under
+bpffs (``/sys/fs/bpf/reflexarc/dscp``: ``prog``, ``rules``, ``ifaces``,
+``meta``), so marking keeps working when this process exits and a restarted
+process can update or remove the rules of a change it finds in the journal.
+
+A rule matches an interface plus, optionally, the L4 protocol, one port range
+(source or destination port), one address prefix (source or destination
+address) and the job's cgroup. The cgroup match uses ``bpf_skb_cgroup_id``
+(the cgroup v2 id of the sending socket; on this hybrid v1/v2 host it is the
+inode of the job's directory in the unified hierarchy). ``bpf_get_cgroup_classid``
+is not used: it reads net_cls, which is not mounted here, and returned 0.
+When rules overlap, the most recently planned one wins; reverting it uncovers
+the older one again.
+
+Parameters (``specs.py``): ``dscp`` (name such as AF41/EF/LE/CS1 or 0-63),
+``interfaces`` (default: the selector's), ``ports`` (default: the selector's),
+``protocol`` (tcp/udp/any), ``priority`` (also set ``skb->priority``),
+``match_cgroup`` (the selector's ``cgroup`` path, absolute or relative to the
+cgroup2 mount). Also read, to be added to the spec: ``addresses`` (prefixes)
+and ``netns`` (a name in /run/netns or a path such as /proc/PID/ns/net; also
+taken from the selector), for interfaces inside another network namespace.
+
+Ownership: the filter has a fixed priority/handle (``FILTER_PRIO`` 3420, ahead
+of tc's automatic 49152) and name; only that filter is ever replaced or
+deleted, and it always lets the packet go on to the filters after it. Revert removes this change's
+rules, then the filter once no rule on that interface remains, then the clsact
+qdisc only if reflexarc created it (recorded in the Change and in the pinned
+``ifaces`` map) and no other filter hangs on it. When no rule and no interface
+remains, the pins are removed too. Concurrent processes serialise on
+``<state_dir>/dscp.lock``.
+
+Example::
+
+    act = DscpActuator(state_dir="/var/lib/reflexarc")
+    change = act.plan(Target({"job": "llama"}, {"interfaces": ["eth0"]}),
+                      {"dscp": "AF41", "ports": ["29500-29510"], "protocol": "tcp"})
+    # change.before == {"eth0": {"clsact": False, "filter": False, "rules": []}}
+    act.apply(change)
+    act.revert(Change.from_dict(change.to_dict()))   # also from a restarted process
+
+Only traffic through the kernel stack passes tc: RDMA verbs traffic bypasses it
+(set its traffic class in the RDMA stack instead).
+
+Overhead: one LLVM compile per process, and only when nothing is pinned yet
+(~2 s, ~130 MB peak RSS); apply/revert then cost a few netlink round trips
+(~40 ms with a namespace switch) and map updates (~µs). Per packet, measured
+with BPF_PROG_TEST_RUN: ~0.08 µs on an interface without rules, ~0.2 µs with
+1-8 rules, ~0.5 µs with 64 used slots (~6 ns per slot); a GSO skb is one run.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import ipaddress
+import os
+import secrets
+import socket
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .base import Actuator, Change, PermanentActuatorError, Target, TemporaryActuatorError
+from .specs import SPECS
+
+SOURCE = Path(__file__).with_name("dscp.bpf.c")
+DEFAULT_PIN_DIR = "/sys/fs/bpf/reflexarc/dscp"
+FILTER_PRIO = 3420          # tc priority ("pref") of our egress filter, fixed and distinctive
+FILTER_HANDLE = 0xD5C
+FILTER_NAME = "dscp_egress"
+TC_EGRESS, TC_INGRESS = 0xFFFFFFF3, 0xFFFFFFF2
+IFACE_CLSACT_CREATED = 1
+SO_NETNS_COOKIE = 71
+
+DSCP_VALUES = {f"CS{i}": 8 * i for i in range(8)}
+DSCP_VALUES.update({f"AF{c}{d}": 8 * c + 2 * d for c in range(1, 5) for d in range(1, 4)})
+DSCP_VALUES.update({"EF": 46, "LE": 1})
+PROTOCOLS = {"any": 0, "tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
+
+# bytes before the IP header in a tc egress skb, by ARPHRD link type
+L3_OFFSETS = {1: 14, 772: 14,                         # ether, loopback
+              65534: 0, 519: 0, 768: 0, 769: 0, 776: 0}  # none (wireguard/tun), rawip, ipip, ip6tnl, sit
+
+RULE_SET_PRIORITY, RULE_MATCH_ADDR, RULE_MATCH_PORTS = 1, 2, 4
+
+
+class _Rule(ctypes.Structure):
+    """``struct rule`` of dscp.bpf.c, field for field."""
+    _fields_ = [("netns", ctypes.c_uint64), ("cgroup_id", ctypes.c_uint64),
+                ("owner", ctypes.c_uint64), ("seq", ctypes.c_uint64),
+                ("ifindex", ctypes.c_uint32), ("priority", ctypes.c_uint32),
+                ("addr", ctypes.c_uint32 * 4), ("mask", ctypes.c_uint32 * 4),
+                ("port_lo", ctypes.c_uint16), ("port_hi", ctypes.c_uint16),
+                ("family", ctypes.c_uint8), ("l4proto", ctypes.c_uint8),
+                ("dscp", ctypes.c_uint8), ("flags", ctypes.c_uint8)]
+
+
+class _IfaceKey(ctypes.Structure):
+    _fields_ = [("netns", ctypes.c_uint64), ("ifindex", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+
+class _Iface(ctypes.Structure):
+    _fields_ = [("l3_off", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+
+
+class _Meta(ctypes.Structure):
+    _fields_ = [("used", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+
+def dscp_value(value) -> int:
+    """``"AF41"`` -> 34, ``"46"``/``46`` -> 46; PermanentActuatorError otherwise."""
+    text = str(value).strip().upper()
+    if text in DSCP_VALUES:
+        return DSCP_VALUES[text]
+    if text.isdigit() and 0 <= int(text) <= 63:
+        return int(text)
+    raise PermanentActuatorError(f"bad DSCP '{value}': use 0-63 or one of {', '.join(DSCP_VALUES)}")
+
+
+def port_ranges(value) -> list[tuple[int, int]]:
+    """``["29500-29510", 80, [1, 2]]`` -> inclusive (lo, hi) ranges."""
+    out = []
+    for item in value or ():
+        if isinstance(item, (list, tuple)) and len(item) == 2:
+            lo, hi = item
+        elif isinstance(item, int) or (isinstance(item, str) and "-" not in item):
+            lo = hi = item
+        elif isinstance(item, str):
+            lo, hi = item.split("-", 1)
+        else:
+            raise PermanentActuatorError(f"bad port range {item!r}")
+        try:
+            lo, hi = int(lo), int(hi)
+        except ValueError:
+            raise PermanentActuatorError(f"bad port range {item!r}") from None
+        if not 0 < lo <= hi <= 65535:
+            raise PermanentActuatorError(f"bad port range {item!r}")
+        out.append((lo, hi))
+    return out
+
+
+# --- libbpf: pinned objects and map access ----------------------------------------
+
+def _libbpf() -> ctypes.CDLL:
+    lib = getattr(_libbpf, "lib", None)
+    if lib is None:
+        lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+        lib.bpf_obj_get.argtypes = [ctypes.c_char_p]
+        lib.bpf_obj_pin.argtypes = [ctypes.c_int, ctypes.c_char_p]
+        lib.bpf_map_lookup_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        lib.bpf_map_update_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
+        lib.bpf_map_delete_elem.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        lib.bpf_map_get_next_key.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        _libbpf.lib = lib
+    return lib
+
+
+def _bpf_error(what: str, err: int) -> Exception:
+    text = f"{what}: {os.strerror(err)}"
+    if err in (errno.EAGAIN, errno.EBUSY, errno.EINTR, errno.ENOMEM):
+        return TemporaryActuatorError(text)
+    return PermanentActuatorError(text)
+
+
+def _obj_get(path: Path) -> int | None:
+    fd = _libbpf().bpf_obj_get(str(path).encode())
+    if fd < 0:
+        if -fd == errno.ENOENT:
+            return None
+        raise _bpf_error(f"cannot open pinned {path}", -fd)
+    return fd
+
+
+def _obj_pin(fd: int, path: Path) -> None:
+    ret = _libbpf().bpf_obj_pin(fd, str(path).encode())
+    if ret < 0 and -ret != errno.EEXIST:
+        raise _bpf_error(f"cannot pin {path}", -ret)
+
+
+def _fdinfo(fd: int) -> dict:
+    lines = Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines()
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+class _Map:
+    """One BPF map by fd, with ctypes key/value types."""
+
+    def __init__(self, fd: int, key_type, value_type, path: Path) -> None:
+        self.fd, self.key_type, self.value_type, self.path = fd, key_type, value_type, path
+
+    def get(self, key):
+        value = self.value_type()
+        ret = _libbpf().bpf_map_lookup_elem(self.fd, ctypes.byref(key), ctypes.byref(value))
+        if ret < 0:
+            if -ret == errno.ENOENT:
+                return None
+            raise _bpf_error(f"lookup in {self.path}", -ret)
+        return value
+
+    def put(self, key, value) -> None:
+        ret = _libbpf().bpf_map_update_elem(self.fd, ctypes.byref(key), ctypes.byref(value), 0)
+        if ret < 0:
+            raise _bpf_error(f"update of {self.path}", -ret)
+
+    def delete(self, key) -> None:
+        ret = _libbpf().bpf_map_delete_elem(self.fd, ctypes.byref(key))
+        if ret < 0 and -ret != errno.ENOENT:
+            raise _bpf_error(f"delete from {self.path}", -ret)
+
+    def keys(self) -> list:
+        out, cur, nxt = [], None, self.key_type()
+        while _libbpf().bpf_map_get_next_key(self.fd, ctypes.byref(cur) if cur is not None else None,
+                                             ctypes.byref(nxt)) == 0:
+            out.append(nxt)
+            cur, nxt = nxt, self.key_type()
+        return out
+
+
+@dataclass
+class _Pinned:
+    """The pinned program and maps, opened for one operation."""
+
+    prog_fd: int | None
+    rules: _Map
+    ifaces: _Map
+    meta: _Map
+    created: bool = False      # the maps are new: filters found on interfaces are stale
+
+    def close(self) -> None:
+        for fd in (self.prog_fd, self.rules.fd, self.ifaces.fd, self.meta.fd):
+            if fd is not None:
+                os.close(fd)
+
+    def slots(self) -> list[tuple[int, _Rule]]:
+        used = self.meta.get(ctypes.c_uint32(0)).used
+        out = []
+        for i in range(used):
+            rule = self.rules.get(ctypes.c_uint32(i))
+            if rule is not None and rule.ifindex:
+                out.append((i, rule))
+        return out
+
+    def write_rules(self, new: list[_Rule]) -> None:
+        """Fill free slots, then raise the high-water mark so the program sees them."""
+        meta = self.meta.get(ctypes.c_uint32(0))
+        taken = {i for i, _ in self.slots()}
+        capacity = int(_fdinfo(self.rules.fd)["max_entries"])
+        free = [i for i in range(capacity) if i not in taken][:len(new)]
+        if len(free) < len(new):
+            raise PermanentActuatorError(f"DSCP rule table full ({len(taken)} of {capacity} slots used)")
+        for slot, rule in zip(free, new):
+            self.rules.put(ctypes.c_uint32(slot), rule)
+        meta.used = max([meta.used, *(s + 1 for s in free)])
+        self.meta.put(ctypes.c_uint32(0), meta)
+
+    def drop_owner(self, owner: int) -> None:
+        """Free the slots of one change, then lower the high-water mark."""
+        kept = []
+        for i, rule in self.slots():
+            if rule.owner == owner:
+                self.rules.put(ctypes.c_uint32(i), _Rule())
+            else:
+                kept.append(i)
+        self.meta.put(ctypes.c_uint32(0), _Meta(used=max(kept) + 1 if kept else 0))
+
+
+# --- netlink ---------------------------------------------------------------------
+
+def _netlink_error(what: str, exc: Exception) -> Exception:
+    code = getattr(exc, "code", None) or getattr(exc, "errno", None)
+    text = f"{what}: {exc}"
+    if code in (errno.EBUSY, errno.EAGAIN, errno.EINTR, errno.ENOBUFS):
+        return TemporaryActuatorError(text)
+    return PermanentActuatorError(text)
+
+
+class _NetnsGone(Exception):
+    pass
+
+
+class _Link:
+    """Netlink access to the interfaces of one network namespace (pyroute2)."""
+
+    def __init__(self, netns: str) -> None:
+        from pyroute2 import IPRoute
+        self.netns = netns
+        try:
+            self.ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
+        except FileNotFoundError:
+            raise _NetnsGone(netns) from None
+
+    def close(self) -> None:
+        self.ipr.close()
+
+    def where(self) -> str:
+        return f" in netns {self.netns}" if self.netns else ""
+
+    def cookie(self) -> int:
+        sock = socket.socket(fileno=os.dup(self.ipr.fileno()))
+        try:
+            return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "little")
+        finally:
+            sock.close()
+
+    def ifindex(self, name: str) -> int | None:
+        found = self.ipr.link_lookup(ifname=name)
+        return found[0] if found else None
+
+    def indexes(self) -> set[int]:
+        return {link["index"] for link in self.ipr.get_links()}
+
+    def l3_offset(self, index: int, name: str) -> int:
+        kind = self.ipr.get_links(index)[0]["ifi_type"]
+        if kind not in L3_OFFSETS:
+            raise PermanentActuatorError(f"interface {name}{self.where()} has link type {kind}: "
+                                         "DSCP marking supports Ethernet, loopback and L3 tunnels")
+        return L3_OFFSETS[kind]
+
+    def has_clsact(self, index: int) -> bool:
+        return any(q["index"] == index and q.get_attr("TCA_KIND") == "clsact"
+                   for q in self.ipr.get_qdiscs(index=index))
+
+    def _filters(self, index: int, parent: int) -> list:
+        try:
+            return [f for f in self.ipr.get_filters(index=index, parent=parent) if f["index"] == index]
+        except Exception as exc:
+            raise _netlink_error(f"cannot list filters of ifindex {index}{self.where()}", exc) from exc
+
+    def has_our_filter(self, index: int, name: str = "") -> bool:
+        """True when our filter is on egress; raises when another filter holds our priority."""
+        for f in self._filters(index, TC_EGRESS):
+            if f["info"] >> 16 != FILTER_PRIO or f["handle"] == 0:
+                continue
+            options = f.get_attr("TCA_OPTIONS")
+            if (f.get_attr("TCA_KIND") == "bpf" and f["handle"] == FILTER_HANDLE and options
+                    and options.get_attr("TCA_BPF_NAME") == FILTER_NAME):
+                return True
+            raise PermanentActuatorError(f"egress of {name or index}{self.where()} has a foreign filter "
+                                         f"at priority {FILTER_PRIO}, the one reserved for DSCP marking")
+        return False
+
+    def other_filters(self, index: int) -> int:
+        return sum(1 for parent in (TC_INGRESS, TC_EGRESS) for f in self._filters(index, parent)
+                   if f["info"] >> 16 != FILTER_PRIO)
+
+    def _tc(self, what: str, *args, **kwargs) -> None:
+        try:
+            self.ipr.tc(*args, **kwargs)
+        except Exception as exc:
+            raise _netlink_error(f"{what}{self.where()}", exc) from exc
+
+    def add_clsact(self, index: int) -> None:
+        self._tc(f"cannot add clsact to ifindex {index}", "add", "clsact", index)
+
+    def del_clsact(self, index: int) -> None:
+        self._tc(f"cannot delete clsact of ifindex {index}", "del", "clsact", index)
+
+    def set_filter(self, index: int, prog_fd: int, replace: bool) -> None:
+        self._tc(f"cannot attach the DSCP filter to ifindex {index}", "replace-filter" if replace else "add-filter",
+                 "bpf", index, FILTER_HANDLE, fd=prog_fd, name=FILTER_NAME, parent=TC_EGRESS,
+                 prio=FILTER_PRIO, direct_action=True)
+
+    def del_filter(self, index: int) -> None:
+        self._tc(f"cannot delete the DSCP filter of ifindex {index}", "del-filter", "bpf", index,
+                 FILTER_HANDLE, parent=TC_EGRESS, prio=FILTER_PRIO)
+
+
+# --- rules <-> JSON ------------------------------------------------------------------
+
+def _rule_key(rule: dict) -> tuple:
+    return (rule["protocol"], tuple(rule["ports"] or ()), rule["address"], rule["cgroup_id"])
+
+
+def _rule_json(r: _Rule) -> dict:
+    address = None
+    if r.flags & RULE_MATCH_ADDR:
+        size = 4 if r.family == 4 else 16
+        raw = b"".join(w.to_bytes(4, "little") for w in r.addr)[:size]  # inverse of _words
+        prefix = sum(bin(w).count("1") for w in r.mask)
+        address = str(ipaddress.ip_network((raw, prefix)))
+    return {"owner": f"{r.owner:016x}", "seq": r.seq, "dscp": r.dscp,
+            "protocol": next(k for k, v in PROTOCOLS.items() if v == r.l4proto),
+            "ports": [r.port_lo, r.port_hi] if r.flags & RULE_MATCH_PORTS else None,
+            "address": address, "cgroup_id": r.cgroup_id or None,
+            "priority": r.priority if r.flags & RULE_SET_PRIORITY else None}
+
+
+def _words(raw: bytes) -> list[int]:
+    """Network-order bytes as the u32 words the program compares (loaded little-endian)."""
+    return [int.from_bytes(raw[i:i + 4], "little") for i in range(0, len(raw), 4)]
+
+
+def _rule_struct(rule: dict, netns: int, ifindex: int) -> _Rule:
+    r = _Rule(netns=netns, ifindex=ifindex, owner=int(rule["owner"], 16), seq=rule["seq"],
+              dscp=rule["dscp"], l4proto=PROTOCOLS[rule["protocol"]], cgroup_id=rule["cgroup_id"] or 0)
+    if rule["ports"]:
+        r.port_lo, r.port_hi = rule["ports"]
+        r.flags |= RULE_MATCH_PORTS
+    if rule["address"]:
+        net = ipaddress.ip_network(rule["address"])
+        r.family = net.version
+        for i, w in enumerate(_words(net.network_address.packed)):
+            r.addr[i] = w
+        for i, w in enumerate(_words(net.netmask.packed)):
+            r.mask[i] = w
+        r.flags |= RULE_MATCH_ADDR
+    if rule["priority"] is not None:
+        r.priority = rule["priority"]
+        r.flags |= RULE_SET_PRIORITY
+    return r
+
+
+def _cgroup_id(path: str) -> int:
+    """cgroup v2 id (the directory's inode) of a cgroup path, absolute or relative
+    to the cgroup2 mount."""
+    mounts = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    roots = [m[4] for m in mounts if "-" in m and m[m.index("-") + 1] == "cgroup2"]
+    if not roots:
+        raise PermanentActuatorError("no cgroup2 hierarchy is mounted: cannot match a job's cgroup")
+    candidates = [Path(path)] if any(path.startswith(r.rstrip("/") + "/") for r in roots) else \
+        [Path(r) / path.lstrip("/") for r in roots]
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate.stat().st_ino
+    raise PermanentActuatorError(f"cgroup '{path}' not found in the cgroup2 hierarchy ({', '.join(roots)})")
+
+
+class DscpActuator(Actuator):
+    spec = SPECS["dscp"]
+
+    def __init__(self, state_dir: str = "/var/lib/reflexarc", pin_dir: str = DEFAULT_PIN_DIR,
+                 max_rules: int = 64) -> None:
+        self.state_dir = Path(state_dir)
+        self.pin_dir = Path(pin_dir)
+        self.max_rules = max_rules
+        self._bpf = None           # the compiled module, kept to re-pin without recompiling
+
+    # --- the C program --------------------------------------------------------
+    def cflags(self) -> list[str]:
+        return [f"-DMAX_RULES={self.max_rules}", f"-DRULE_SIZE={ctypes.sizeof(_Rule)}",
+                *(f'-DPIN_{name.upper()}="{self.pin_dir / name}"' for name in ("rules", "ifaces", "meta"))]
+
+    def dump_bpf(self) -> str:
+        """The C as the compiler sees it: the cflags, then the source."""
+        flags = "\n".join(f"// cflag: {f}" for f in self.cflags())
+        return f"// actuator: dscp (loader actuators/dscp.py)\n{flags}\n{SOURCE.read_text()}"
+
+    def _open_pins(self) -> _Pinned | None:
+        fds = {name: _obj_get(self.pin_dir / name) for name in ("prog", "rules", "ifaces", "meta")}
+        if any(fd is None for fd in fds.values()):
+            for fd in fds.values():
+                if fd is not None:
+                    os.close(fd)
+            return None
+        info = _fdinfo(fds["rules"])
+        if int(info["value_size"]) != ctypes.sizeof(_Rule) or int(info["max_entries"]) != self.max_rules:
+            for fd in fds.values():
+                os.close(fd)
+            raise PermanentActuatorError(
+                f"pinned {self.pin_dir / 'rules'} has value_size {info['value_size']}, max_entries "
+                f"{info['max_entries']}; this build expects {ctypes.sizeof(_Rule)}, {self.max_rules}: "
+                f"revert its changes and remove {self.pin_dir}")
+        return _Pinned(fds["prog"], _Map(fds["rules"], ctypes.c_uint32, _Rule, self.pin_dir / "rules"),
+                       _Map(fds["ifaces"], _IfaceKey, _Iface, self.pin_dir / "ifaces"),
+                       _Map(fds["meta"], ctypes.c_uint32, _Meta, self.pin_dir / "meta"))
+
+    def _load(self) -> _Pinned:
+        """Open the pins, creating them (compile, or re-pin this process's module) when absent."""
+        pinned = self._open_pins()
+        if pinned is not None:
+            return pinned
+        self.pin_dir.mkdir(parents=True, exist_ok=True)
+        stale = [name for name in ("prog", "rules", "ifaces", "meta") if (self.pin_dir / name).exists()]
+        if self._bpf is None or stale:
+            # BPF_TABLE_PINNED reuses maps still pinned and pins the ones it creates;
+            # a prog pin left alone would still point at the maps that are gone
+            (self.pin_dir / "prog").unlink(missing_ok=True)
+            from bcc import BPF
+            if self._bpf is not None:
+                self._bpf.cleanup()
+            try:
+                self._bpf = BPF(src_file=str(SOURCE).encode(), cflags=self.cflags())
+                prog = self._bpf.load_func(FILTER_NAME.encode(), BPF.SCHED_CLS)
+            except Exception as exc:
+                raise PermanentActuatorError(f"cannot compile/load {SOURCE.name}: {exc}") from exc
+        else:
+            prog = self._bpf.funcs[FILTER_NAME.encode()]
+            for name in ("rules", "ifaces", "meta"):
+                _obj_pin(self._bpf[name.encode()].map_fd, self.pin_dir / name)
+        _obj_pin(prog.fd, self.pin_dir / "prog")
+        pinned = self._open_pins()
+        pinned.created = True
+        return pinned
+
+    def _unpin_if_idle(self, pinned: _Pinned) -> None:
+        if pinned.slots() or pinned.ifaces.keys():
+            return
+        for name in ("prog", "rules", "ifaces", "meta"):
+            (self.pin_dir / name).unlink(missing_ok=True)
+        for directory in (self.pin_dir, self.pin_dir.parent):
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.state_dir / "dscp.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    @contextmanager
+    def _link(self, netns: str) -> Iterator[_Link]:
+        try:
+            link = _Link(netns)
+        except _NetnsGone:
+            raise PermanentActuatorError(f"network namespace '{netns}' does not exist") from None
+        try:
+            yield link
+        finally:
+            link.close()
+
+    # --- reading ------------------------------------------------------------------
+    def _state(self, link: _Link, pinned: _Pinned | None, names: list[str]) -> dict:
+        cookie = link.cookie()
+        slots = pinned.slots() if pinned else []
+        out = {}
+        for name in names:
+            index = link.ifindex(name)
+            if index is None:
+                raise PermanentActuatorError(f"interface {name} not found{link.where()}")
+            rules = [_rule_json(r) for _, r in slots if r.netns == cookie and r.ifindex == index]
+            out[name] = {"clsact": link.has_clsact(index), "filter": link.has_our_filter(index, name),
+                         "rules": sorted(rules, key=lambda r: (r["seq"], r["owner"], str(_rule_key(r))))}
+        return out
+
+    def _read(self, netns: str, names: list[str]) -> dict:
+        pinned = self._open_pins()
+        try:
+            with self._link(netns) as link:
+                return self._state(link, pinned, names)
+        finally:
+            if pinned:
+                pinned.close()
+
+    def read_current(self, target: Target) -> dict:
+        """{interface: {"clsact", "filter", "rules"}} for the selector's interfaces."""
+        sel = target.selector
+        return self._read(str(sel.get("netns") or ""), [str(i) for i in sel.get("interfaces") or ()])
+
+    # --- planning -----------------------------------------------------------------
+    def _normalize(self, target: Target, params: dict) -> dict:
+        sel = target.selector
+        interfaces = [str(i) for i in params.get("interfaces") or sel.get("interfaces") or ()]
+        if not interfaces:
+            raise PermanentActuatorError("dscp needs interfaces (params.interfaces or the selector's)")
+        protocol = str(params.get("protocol") or "tcp").lower()
+        if protocol not in PROTOCOLS:
+            raise PermanentActuatorError(f"bad protocol '{protocol}': use {', '.join(PROTOCOLS)}")
+        try:
+            addresses = [str(ipaddress.ip_network(str(a), strict=False)) for a in params.get("addresses") or ()]
+        except ValueError as exc:
+            raise PermanentActuatorError(f"bad address: {exc}") from None
+        priority = params.get("priority")
+        if priority is not None and not (isinstance(priority, int) and 0 <= priority < 2 ** 32):
+            raise PermanentActuatorError(f"bad priority {priority!r}: an integer 0..2^32-1")
+        cgroup_id = None
+        if params.get("match_cgroup"):
+            if not sel.get("cgroup"):
+                raise PermanentActuatorError("match_cgroup needs the selector's cgroup")
+            cgroup_id = _cgroup_id(str(sel["cgroup"]))
+        if params.get("dscp") is None:
+            raise PermanentActuatorError("dscp needs the 'dscp' parameter")
+        return {"dscp": dscp_value(params["dscp"]),
+                "interfaces": interfaces, "netns": str(params.get("netns") or sel.get("netns") or ""),
+                "protocol": protocol,
+                "ports": [list(r) for r in port_ranges(params.get("ports") or sel.get("ports"))],
+                "addresses": addresses, "priority": priority, "match_cgroup": cgroup_id is not None,
+                "cgroup_id": cgroup_id}
+
+    def plan(self, target: Target, params: dict) -> Change:
+        p = self._normalize(target, params)
+        p["owner"], p["seq"] = f"{secrets.randbits(64) | 1:016x}", time.time_ns()
+        pinned = self._open_pins()
+        try:
+            with self._link(p["netns"]) as link:
+                before = self._state(link, pinned, p["interfaces"])
+                p["netns_cookie"] = link.cookie()
+            used = len(pinned.slots()) if pinned else 0
+        finally:
+            if pinned:
+                pinned.close()
+        wanted = [{"owner": p["owner"], "seq": p["seq"], "dscp": p["dscp"], "protocol": p["protocol"],
+                   "ports": ports, "address": address, "cgroup_id": p["cgroup_id"], "priority": p["priority"]}
+                  for ports in p["ports"] or [None] for address in p["addresses"] or [None]]
+        after, added = {}, 0
+        for name, state in before.items():
+            new = [w for w in wanted if not self._in_effect(w, state)]
+            if not new:
+                after[name] = state
+                continue
+            added += len(new)
+            after[name] = {"clsact": True, "filter": True, "rules": state["rules"] + new}
+        if used + added > self.max_rules:
+            raise PermanentActuatorError(f"DSCP rule table full: {used} of {self.max_rules} used, "
+                                         f"{added} more needed")
+        name = next((k for k, v in DSCP_VALUES.items() if v == p["dscp"]), str(p["dscp"]))
+        what = " ".join(filter(None, (
+            p["protocol"], "ports " + ",".join(f"{lo}-{hi}" for lo, hi in p["ports"]) if p["ports"] else "",
+            ",".join(p["addresses"]), f"cgroup {p['cgroup_id']}" if p["cgroup_id"] else "")))
+        summary = f"dscp {name} ({p['dscp']}) for {what} on {','.join(p['interfaces'])} [{target.key()}]"
+        return Change("dscp", target, p, before, after, summary if added else f"{summary}: already in effect")
+
+    @staticmethod
+    def _in_effect(wanted: dict, state: dict) -> bool:
+        """The newest rule with the same match already sets the same marks."""
+        same = [r for r in state["rules"] if _rule_key(r) == _rule_key(wanted)]
+        newest = max(same, key=lambda r: r["seq"], default=None)
+        return bool(state["filter"] and newest and newest["dscp"] == wanted["dscp"]
+                    and newest["priority"] == wanted["priority"])
+
+    # --- writing ------------------------------------------------------------------
+    def apply(self, change: Change) -> None:
+        p = change.params
+        owner = int(p["owner"], 16)
+        if change.noop:
+            return
+        with self._locked():
+            pinned = self._load()
+            try:
+                with self._link(p["netns"]) as link:
+                    cookie = link.cookie()
+                    mine = {(r.ifindex, r.netns, str(_rule_key(_rule_json(r))))
+                            for _, r in pinned.slots() if r.owner == owner}
+                    for name, state in change.after.items():
+                        new = [r for r in state["rules"] if r["owner"] == p["owner"]]
+                        if new:
+                            self._attach(link, pinned, cookie, name)
+                            index = link.ifindex(name)
+                            pinned.write_rules([_rule_struct(r, cookie, index) for r in new
+                                                if (index, cookie, str(_rule_key(r))) not in mine])
+            finally:
+                pinned.close()
+
+    def _attach(self, link: _Link, pinned: _Pinned, cookie: int, name: str) -> None:
+        index = link.ifindex(name)
+        if index is None:
+            raise PermanentActuatorError(f"interface {name} not found{link.where()}")
+        key = _IfaceKey(netns=cookie, ifindex=index)
+        entry = pinned.ifaces.get(key) or _Iface()
+        entry.l3_off = link.l3_offset(index, name)
+        pinned.ifaces.put(key, entry)
+        if not link.has_clsact(index):
+            link.add_clsact(index)
+            entry.flags |= IFACE_CLSACT_CREATED
+            pinned.ifaces.put(key, entry)
+        present = link.has_our_filter(index, name)
+        if not present or pinned.created:
+            link.set_filter(index, pinned.prog_fd, replace=present)
+
+    def revert(self, change: Change) -> None:
+        p = change.params
+        with self._locked():
+            pinned = self._open_pins()
+            try:
+                if pinned:
+                    pinned.drop_owner(int(p["owner"], 16))
+                try:
+                    link = _Link(p["netns"])
+                except _NetnsGone:      # its interfaces, filters and qdiscs went with it
+                    if pinned:
+                        self._forget(pinned, p["netns_cookie"], keep=set())
+                        self._unpin_if_idle(pinned)
+                    return
+                try:
+                    self._detach_all(link, pinned, change)
+                finally:
+                    link.close()
+                if pinned:
+                    self._unpin_if_idle(pinned)
+            finally:
+                if pinned:
+                    pinned.close()
+
+    def _detach_all(self, link: _Link, pinned: _Pinned | None, change: Change) -> None:
+        cookie = link.cookie()
+        slots = pinned.slots() if pinned else []
+        for name, before in change.before.items():
+            if change.after.get(name) == before:
+                continue
+            index = link.ifindex(name)
+            if index is None:
+                continue
+            remaining = any(r.netns == cookie and r.ifindex == index for _, r in slots)
+            keep_filter = remaining or (before["filter"] and not before["rules"])
+            if not keep_filter and link.has_our_filter(index, name):
+                link.del_filter(index)
+            key = _IfaceKey(netns=cookie, ifindex=index)
+            entry = pinned.ifaces.get(key) if pinned else None
+            created = (entry is not None and entry.flags & IFACE_CLSACT_CREATED) or not before["clsact"]
+            if pinned and not keep_filter:
+                pinned.ifaces.delete(key)
+            if (created and link.has_clsact(index) and not link.has_our_filter(index, name)
+                    and link.other_filters(index) == 0):
+                link.del_clsact(index)
+        if pinned:
+            self._forget(pinned, cookie, keep=link.indexes())
+
+    @staticmethod
+    def _forget(pinned: _Pinned, cookie: int, keep: set) -> None:
+        """Drop interface entries of one netns whose interface is gone and holds no rule."""
+        ruled = {(r.netns, r.ifindex) for _, r in pinned.slots()}
+        for key in pinned.ifaces.keys():
+            if key.netns == cookie and key.ifindex not in keep and (key.netns, key.ifindex) not in ruled:
+                pinned.ifaces.delete(key)
+
+    def close(self) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None

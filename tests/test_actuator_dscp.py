@@ -1,0 +1,426 @@
+"""The dscp actuator against real interfaces: a veth between two namespaces, the
+classifier on the egress of side a, frames captured in side b."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import require, require_bpf
+from netns import NetnsPair, sh
+
+from reflexarc.actuators.base import Change, PermanentActuatorError, Target
+from reflexarc.actuators.dscp import FILTER_PRIO, DscpActuator, dscp_value
+
+ETH_P_ALL = 0x0003
+ECT0 = 0x02          # ECN bits the senders set; marking must keep them
+
+
+@pytest.fixture
+def pair():
+    require_bpf()
+    with NetnsPair("d") as p:
+        yield p
+
+
+def remove_pins(root: Path) -> None:
+    for leftover in sorted(root.rglob("*"), reverse=True) if root.exists() else ():
+        leftover.rmdir() if leftover.is_dir() else leftover.unlink()
+    if root.exists():
+        root.rmdir()
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    """(state_dir, pin_dir) shared by every instance in this module, as on one node."""
+    pin_root = Path(f"/sys/fs/bpf/rxtest-dscp-{os.getpid()}")
+    yield str(tmp_path_factory.mktemp("dscp-state")), str(pin_root / "dscp")
+    remove_pins(pin_root)
+
+
+@pytest.fixture(scope="module")
+def shared():
+    """One instance for the module, so the C compiles once."""
+    return {}
+
+
+@pytest.fixture
+def act(dirs, shared):
+    require_bpf()
+    if "act" not in shared:
+        shared["act"] = DscpActuator(state_dir=dirs[0], pin_dir=dirs[1])
+    yield shared["act"]
+    leftover = Path(dirs[1]).exists()
+    if leftover:                  # start the next test from scratch
+        shared.pop("act").close()
+        remove_pins(Path(dirs[1]))
+    assert not leftover, "pins left behind after every change was reverted"
+
+
+def netns_socket(ns: str, family: int, kind: int, proto: int = 0) -> socket.socket:
+    from pyroute2 import netns
+    return netns.create_socket(ns, family, kind, proto, flags=0)
+
+
+class Capture:
+    """Frames arriving at side b, parsed down to (family, proto, sport, dport, ds byte)."""
+
+    def __init__(self, pair: NetnsPair) -> None:
+        self.sock = netns_socket(pair.ns_b, socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        self.sock.bind((pair.if_b, 0))
+        self.sock.settimeout(0.2)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    @staticmethod
+    def parse(frame: bytes):
+        ethertype = struct.unpack("!H", frame[12:14])[0]
+        ip = frame[14:]
+        if ethertype == 0x0800:
+            ihl = (ip[0] & 0x0F) * 4
+            words = struct.unpack(f"!{ihl // 2}H", ip[:ihl])
+            total = sum(words)
+            while total >> 16:
+                total = (total & 0xFFFF) + (total >> 16)
+            assert total == 0xFFFF, "IPv4 header checksum is wrong after the rewrite"
+            family, proto, ds, l4 = 4, ip[9], ip[1], ip[ihl:]
+        elif ethertype == 0x86DD:
+            family, proto, ds, l4 = 6, ip[6], ((ip[0] & 0x0F) << 4) | (ip[1] >> 4), ip[40:]
+        else:
+            return None
+        if proto not in (socket.IPPROTO_TCP, socket.IPPROTO_UDP):
+            return None
+        sport, dport = struct.unpack("!HH", l4[:4])
+        return family, proto, sport, dport, ds
+
+    def ds_of(self, family: int, proto: int, dport: int, seconds: float = 5.0) -> int:
+        """The DS byte of the first captured frame of that flow."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                frame = self.sock.recv(65535)
+            except socket.timeout:
+                continue
+            seen = self.parse(frame)
+            if seen and seen[:2] == (family, proto) and seen[3] == dport:
+                return seen[4]
+        raise AssertionError(f"no IPv{family} proto {proto} frame to port {dport} arrived")
+
+
+def send_udp(pair: NetnsPair, family: int, dport: int, sport: int = 0, tos: int = ECT0) -> int:
+    """One datagram a -> b; returns the TOS/traffic class the receiver got (IP_RECVTOS)."""
+    dst = pair.addr_b if family == 4 else pair.addr6_b
+    af = socket.AF_INET if family == 4 else socket.AF_INET6
+    rx = netns_socket(pair.ns_b, af, socket.SOCK_DGRAM)
+    tx = netns_socket(pair.ns_a, af, socket.SOCK_DGRAM)
+    try:
+        rx.bind((dst, dport))
+        rx.settimeout(5)
+        if family == 4:
+            rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+            tx.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+        else:
+            rx.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS, 1)
+            tx.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tos)
+        if sport:
+            tx.bind(("", sport))
+        tx.sendto(b"reflexarc", (dst, dport))
+        data, ancillary, _, _ = rx.recvmsg(64, 64)
+        assert data == b"reflexarc"
+        (_, _, value), = ancillary
+        return value[0]
+    finally:
+        rx.close()
+        tx.close()
+
+
+def send_tcp(pair: NetnsPair, family: int, dport: int) -> None:
+    dst = pair.addr_b if family == 4 else pair.addr6_b
+    af = socket.AF_INET if family == 4 else socket.AF_INET6
+    server = netns_socket(pair.ns_b, af, socket.SOCK_STREAM)
+    client = netns_socket(pair.ns_a, af, socket.SOCK_STREAM)
+    try:
+        server.bind((dst, dport))
+        server.listen(1)
+        client.settimeout(5)
+        client.connect((dst, dport))
+        client.sendall(b"reflexarc" * 100)
+        conn, _ = server.accept()
+        conn.close()
+    finally:
+        client.close()
+        server.close()
+
+
+def tc_state(pair: NetnsPair, ifname: str) -> str:
+    run = lambda *argv: pair.run("a", "tc", *argv).stdout
+    return (run("qdisc", "show", "dev", ifname) + run("filter", "show", "dev", ifname, "egress")
+            + run("filter", "show", "dev", ifname, "ingress"))
+
+
+def target(pair: NetnsPair, **selector) -> Target:
+    return Target({"job": "llama"}, {"interfaces": [pair.if_a], "netns": pair.ns_a, **selector})
+
+
+def test_dscp_names_and_numbers():
+    assert dscp_value("AF41") == 34 and dscp_value("ef") == 46 and dscp_value("CS1") == 8
+    assert dscp_value("LE") == 1 and dscp_value(63) == 63 and dscp_value("0") == 0
+    for bad in ("AF44", "64", "-1", "fast"):
+        with pytest.raises(PermanentActuatorError):
+            dscp_value(bad)
+
+
+def test_marks_matching_udp_flows_ipv4_and_ipv6_keeping_ecn(pair, act):
+    t = target(pair)
+    assert act.read_current(t) == {pair.if_a: {"clsact": False, "filter": False, "rules": []}}
+    change = act.plan(t, {"dscp": "AF41", "ports": ["5000-5010"], "protocol": "udp"})
+    assert change.before == {pair.if_a: {"clsact": False, "filter": False, "rules": []}}
+    assert tc_state(pair, pair.if_a).count("clsact") == 0, "plan must not write"
+    act.apply(change)
+    try:
+        assert act.read_current(t) == change.after
+        cap = Capture(pair)
+        try:
+            for family in (4, 6):
+                assert send_udp(pair, family, 5005) == (34 << 2) | ECT0
+                assert cap.ds_of(family, socket.IPPROTO_UDP, 5005) == (34 << 2) | ECT0
+                assert send_udp(pair, family, 5010, tos=0x01) == (34 << 2) | 0x01
+                assert send_udp(pair, family, 6000, tos=(8 << 2) | ECT0) == (8 << 2) | ECT0, "unmatched"
+                assert send_udp(pair, family, 6001, sport=5001) == (34 << 2) | ECT0, "source port matches too"
+        finally:
+            cap.close()
+        act.apply(change)           # idempotent: no second rule, no second filter
+        assert act.read_current(t) == change.after
+        assert act.plan(t, {"dscp": "AF41", "ports": ["5000-5010"], "protocol": "udp"}).noop
+    finally:
+        act.revert(change)
+    act.revert(change)              # idempotent
+    assert act.read_current(t) == change.before
+    assert send_udp(pair, 4, 5005) == ECT0
+
+
+def test_marks_tcp_by_port_and_not_udp(pair, act):
+    change = act.plan(target(pair), {"dscp": "EF", "ports": [29500], "protocol": "tcp"})
+    act.apply(change)
+    try:
+        cap = Capture(pair)
+        try:
+            send_tcp(pair, 4, 29500)
+            assert cap.ds_of(4, socket.IPPROTO_TCP, 29500) >> 2 == 46
+            send_tcp(pair, 6, 29500)
+            assert cap.ds_of(6, socket.IPPROTO_TCP, 29500) >> 2 == 46
+            send_tcp(pair, 4, 29501)
+            assert cap.ds_of(4, socket.IPPROTO_TCP, 29501) >> 2 == 0
+        finally:
+            cap.close()
+        assert send_udp(pair, 4, 29500) == ECT0, "protocol tcp must not mark udp"
+    finally:
+        act.revert(change)
+
+
+def test_address_prefixes_match_source_or_destination(pair, act):
+    change = act.plan(target(pair), {"dscp": "CS3", "protocol": "any",
+                                     "addresses": [f"{pair.addr6_b}/128", "192.0.2.0/24"]})
+    act.apply(change)
+    try:
+        assert send_udp(pair, 6, 7000) == (24 << 2) | ECT0
+        assert send_udp(pair, 4, 7000) == ECT0
+    finally:
+        act.revert(change)
+
+
+def test_retag_is_a_map_update_and_revert_uncovers_the_older_mark(pair, act):
+    t = target(pair)
+    first = act.plan(t, {"dscp": "EF", "ports": ["5000-5010"], "protocol": "udp"})
+    act.apply(first)
+    try:
+        filters = pair.run("a", "tc", "filter", "show", "dev", pair.if_a, "egress").stdout
+        prog_id = re.search(r"\bid (\d+)", filters).group(1)
+        second = act.plan(t, {"dscp": "AF11", "ports": ["5000-5010"], "protocol": "udp"})
+        assert second.before == first.after and not second.noop
+        act.apply(second)
+        try:
+            assert pair.run("a", "tc", "filter", "show", "dev", pair.if_a, "egress").stdout == filters, \
+                f"the filter (prog id {prog_id}) must stay as it was"
+            assert send_udp(pair, 4, 5003) == (10 << 2) | ECT0
+        finally:
+            act.revert(second)
+        assert send_udp(pair, 4, 5003) == (46 << 2) | ECT0
+        assert act.read_current(t) == first.after
+    finally:
+        act.revert(first)
+    assert act.read_current(t) == first.before
+
+
+def test_stacked_changes_revert_in_any_order(pair, act):
+    t = target(pair)
+    snapshot = tc_state(pair, pair.if_a)
+    first = act.plan(t, {"dscp": "AF41", "ports": ["5000"], "protocol": "udp"})
+    act.apply(first)
+    second = act.plan(t, {"dscp": "CS1", "ports": ["6000"], "protocol": "udp"})
+    assert second.before[pair.if_a]["clsact"] and second.before[pair.if_a]["filter"]
+    act.apply(second)
+    try:
+        act.revert(first)           # the one that created clsact and filter goes first
+        assert send_udp(pair, 4, 6000) == (8 << 2) | ECT0, "the other change must keep working"
+        assert send_udp(pair, 4, 5000) == ECT0
+    finally:
+        act.revert(first)
+        act.revert(second)
+    assert tc_state(pair, pair.if_a) == snapshot
+
+
+@pytest.mark.parametrize("clsact_before", [False, True])
+def test_revert_restores_tc_state_and_spares_foreign_filters(pair, act, clsact_before):
+    ifname = pair.if_a
+    if clsact_before:
+        pair.run("a", "tc", "qdisc", "add", "dev", ifname, "clsact")
+        pair.run("a", "tc", "filter", "add", "dev", ifname, "egress", "prio", "100", "protocol", "ip",
+                 "u32", "match", "ip", "dst", "192.0.2.1/32", "classid", "1:1")
+        pair.run("a", "tc", "filter", "add", "dev", ifname, "egress", "prio", "20000", "bpf",
+                 "bytecode", "1,6 0 0 0,", "classid", "1:2")
+        pair.run("a", "tc", "filter", "add", "dev", ifname, "ingress", "prio", "7", "protocol", "ip",
+                 "u32", "match", "ip", "src", "192.0.2.1/32", "classid", "1:3")
+    snapshot = tc_state(pair, ifname)
+    change = act.plan(target(pair), {"dscp": "AF21", "ports": ["5000"], "protocol": "udp"})
+    assert change.before[ifname]["clsact"] is clsact_before
+    act.apply(change)
+    try:
+        applied = tc_state(pair, ifname)
+        assert f"pref {FILTER_PRIO} bpf" in applied
+        if clsact_before:
+            assert "pref 100 u32" in applied and "pref 20000 bpf" in applied and "pref 7 u32" in applied
+        assert send_udp(pair, 4, 5000) == (18 << 2) | ECT0
+    finally:
+        act.revert(change)
+    assert tc_state(pair, ifname) == snapshot
+
+
+def test_restarted_process_reverts_from_the_serialized_change(pair, act, dirs):
+    t = target(pair)
+    snapshot = tc_state(pair, pair.if_a)
+    change = act.plan(t, {"dscp": "CS5", "ports": ["5000-5001"], "protocol": "udp"})
+    journaled = json.dumps(change.to_dict())
+    act.apply(change)
+    restarted = DscpActuator(state_dir=dirs[0], pin_dir=dirs[1])
+    try:
+        assert send_udp(pair, 4, 5000) == (40 << 2) | ECT0
+        assert restarted.read_current(t) == change.after
+    finally:
+        restarted.revert(Change.from_dict(json.loads(journaled)))
+    assert tc_state(pair, pair.if_a) == snapshot
+    assert send_udp(pair, 4, 5000) == ECT0
+
+
+def test_half_applied_change_is_reverted(pair, act):
+    extra = f"rxd{os.getpid() % 10000}x"
+    pair.run("a", "ip", "link", "add", extra, "type", "veth", "peer", "name", extra + "p")
+    snapshot = tc_state(pair, pair.if_a)
+    t = Target({"job": "llama"}, {"interfaces": [pair.if_a, extra], "netns": pair.ns_a})
+    change = act.plan(t, {"dscp": "EF", "ports": ["5000"], "protocol": "udp"})
+    pair.run("a", "ip", "link", "del", extra)
+    with pytest.raises(PermanentActuatorError, match=extra):
+        act.apply(change)
+    act.revert(change)
+    assert tc_state(pair, pair.if_a) == snapshot
+    assert act.read_current(target(pair)) == {pair.if_a: {"clsact": False, "filter": False, "rules": []}}
+
+
+def test_revert_after_the_namespace_is_gone(pair, act):
+    change = act.plan(target(pair), {"dscp": "EF", "ports": ["5000"], "protocol": "udp"})
+    act.apply(change)
+    sh("ip", "netns", "del", pair.ns_a)
+    act.revert(change)       # the rule and interface entry go; the fixture checks the pins went too
+
+
+def test_priority_reaches_htb(pair, act):
+    ifname = pair.if_a
+    pair.run("a", "tc", "qdisc", "add", "dev", ifname, "root", "handle", "1:", "htb", "default", "20")
+    for minor in ("10", "20"):
+        pair.run("a", "tc", "class", "add", "dev", ifname, "parent", "1:", "classid", f"1:{minor}",
+                 "htb", "rate", "100mbit")
+    change = act.plan(target(pair), {"dscp": "AF31", "ports": ["5000"], "protocol": "udp",
+                                     "priority": 0x10010})
+    act.apply(change)
+    try:
+        for _ in range(5):
+            send_udp(pair, 4, 5000)
+        stats = pair.run("a", "tc", "-s", "class", "show", "dev", ifname).stdout
+        sent = dict(re.findall(r"class htb 1:(\d+) .*?\n\s*Sent \d+ bytes (\d+) pkt", stats))
+        assert int(sent["10"]) >= 5, stats
+    finally:
+        act.revert(change)
+
+
+def cgroup2_root() -> Path | None:
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[fields.index("-") + 1] == "cgroup2":
+            return Path(fields[4])
+    return None
+
+
+SENDER = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 2)
+s.sendto(b"reflexarc", (sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def test_match_cgroup_marks_only_the_jobs_sockets(pair, act):
+    root = cgroup2_root()
+    require(root is not None, "a mounted cgroup2 hierarchy")
+    job = root / f"rxdscp{os.getpid()}"
+    job.mkdir()
+    try:
+        change = act.plan(target(pair, cgroup=f"/{job.name}"),
+                          {"dscp": "AF42", "ports": ["5000-5001"], "protocol": "udp", "match_cgroup": True})
+        assert change.params["cgroup_id"] == job.stat().st_ino
+        act.apply(change)
+        try:
+            def join_job():
+                (job / "cgroup.procs").write_text(str(os.getpid()))
+            cap = Capture(pair)
+            try:
+                for port, preexec in ((5000, join_job), (5001, None)):
+                    subprocess.run(["ip", "netns", "exec", pair.ns_a, sys.executable, "-c", SENDER,
+                                    pair.addr_b, str(port)], check=True, preexec_fn=preexec, timeout=60)
+                assert cap.ds_of(4, socket.IPPROTO_UDP, 5000) == (36 << 2) | ECT0
+                assert cap.ds_of(4, socket.IPPROTO_UDP, 5001) == ECT0
+            finally:
+                cap.close()
+        finally:
+            act.revert(change)
+    finally:
+        job.rmdir()
+
+
+def test_bad_requests_are_permanent_and_plan_writes_nothing(pair, act, dirs):
+    t = target(pair)
+    for params, words in (({"dscp": "AF99"}, "bad DSCP"), ({"dscp": "EF", "ports": ["9-1"]}, "port range"),
+                          ({"dscp": "EF", "protocol": "sctp"}, "protocol"),
+                          ({"dscp": "EF", "interfaces": ["nosuchif0"]}, "nosuchif0"),
+                          ({"dscp": "EF", "match_cgroup": True}, "cgroup"),
+                          ({"dscp": "EF", "netns": f"rxnone{os.getpid()}"}, "does not exist")):
+        with pytest.raises(PermanentActuatorError, match=words):
+            act.plan(t, params)
+    act.plan(t, {"dscp": "EF"})
+    assert not Path(dirs[1]).exists()
+    assert "clsact" not in tc_state(pair, pair.if_a)
+
+
+def test_dump_bpf_shows_cflags_and_source(tmp_path):
+    text = DscpActuator(state_dir=str(tmp_path), pin_dir="/sys/fs/bpf/x/dscp", max_rules=128).dump_bpf()
+    assert "// cflag: -DMAX_RULES=128" in text
+    assert '-DPIN_RULES="/sys/fs/bpf/x/dscp/rules"' in text
+    assert "int dscp_egress(struct __sk_buff *skb)" in text and "actuators/dscp.py" in text
