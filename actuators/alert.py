@@ -48,7 +48,7 @@ from datetime import datetime, timezone
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from .base import Actuator, Change, PermanentActuatorError, Target, TemporaryActuatorError
+from .base import EVIDENCE_PARAM, Actuator, Change, PermanentActuatorError, Target, TemporaryActuatorError
 from .specs import SPECS
 
 LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -111,7 +111,7 @@ class AlertActuator(Actuator):
         if bad:
             raise PermanentActuatorError(f"alert label names must match {LABEL_NAME.pattern}: {', '.join(bad)}")
         summary = str(params.get("summary") or f"{policy}/{rule} fired for {target.key()}")
-        evidence = params.get("evidence") or []
+        evidence = params.get(EVIDENCE_PARAM) or []
         lines = [str(params["description"])] if params.get("description") else []
         lines += [_evidence_line(item) for item in (evidence if isinstance(evidence, list) else [evidence])]
         alert = {"labels": labels, "annotations": {"summary": summary, "description": "\n".join(lines)},

@@ -27,6 +27,11 @@ class ActuatorError(Exception):
     """Base of actuator failures."""
 
 
+EVIDENCE_PARAM = "evidence"
+"""Reserved parameter the controller fills (never a policy) for actuators whose
+spec ``accepts_evidence``: the evidence items of the conditions that fired."""
+
+
 class TemporaryActuatorError(ActuatorError):
     """Worth retrying (busy device, netlink EAGAIN, a server not up yet)."""
 
@@ -102,6 +107,7 @@ class ActuatorSpec:
     params: tuple[ParamSpec, ...] = ()
     changes_system: bool = True   # False: notifies only (alert, log): nothing to verify or revert
     supports_dry_run: bool = True
+    accepts_evidence: bool = False  # the controller adds EVIDENCE_PARAM to the params
 
     def param(self, name: str) -> ParamSpec | None:
         return next((p for p in self.params if p.name == name), None)

@@ -26,7 +26,8 @@ SPECS: dict[str, ActuatorSpec] = {s.name: s for s in (
         P("severity", "str", default="warning", choices=("info", "warning", "critical")),
         P("summary", "str", default="", help="one line for the on-call engineer"),
         P("labels", "mapping", default=None, help="extra alert labels"),
-    ), changes_system=False),
+        P("description", "str", default="", help="longer text for the alert"),
+    ), changes_system=False, accepts_evidence=True),
     ActuatorSpec("affinity", "Re-pin every thread of the selected DataLoader workers to node-local CPUs.", (
         P("node", "int", help="NUMA node whose CPUs to use"),
         P("cpus", "int_list", help="explicit CPU list instead of a node"),
@@ -40,6 +41,10 @@ SPECS: dict[str, ActuatorSpec] = {s.name: s for s in (
         P("protocol", "str", default="tcp", choices=("tcp", "udp", "any")),
         P("priority", "int", default=None, help="also set skb->priority (HTB class)"),
         P("match_cgroup", "bool", default=False, help="only the job's cgroup"),
+        P("addresses", "str_list", default=None,
+          help="IP prefixes to match (source or destination), e.g. ['10.0.0.0/8']"),
+        P("netns", "str", default=None,
+          help="network namespace of the interfaces: a name in /run/netns or /proc/PID/ns/net"),
     )),
     ActuatorSpec("deep_tracing", "Switch the deep probe tier (RDMA QP latency) on for a target, with a TTL.", (
         P("probe", "str", default="rdma_qp", choices=("rdma_qp",)),

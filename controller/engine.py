@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from reflexarc.actuators.base import Registry
+from reflexarc.actuators.base import EVIDENCE_PARAM, Registry
 
 from .audit import AuditLog
 from .bus import SignalBus
@@ -114,8 +114,8 @@ class Controller:
     def shutdown(self) -> None:
         """Revert what rules roll back on shutdown; leave the rest to the journal."""
         for run in self.runs.values():
+            run.now = self.clock.now()
             if "shutdown" in run.rule.rollback.on:
-                run.now = self.clock.now()
                 run.revert_all("shutdown")
         self.audit.write("end", summary=self.summary())
         self.registry.close()
@@ -161,7 +161,10 @@ class Controller:
         if mode == "enforce" and self.limits.kill_switch_engaged():
             self.limited(run, "kill_switch")
             mode = "dry-run"
-        res = self.executor.act(action.actuator, run.target, action.params, mode, run.policy.name,
+        params = dict(action.params)
+        if self.registry.spec(action.actuator).accepts_evidence:
+            params[EVIDENCE_PARAM] = run.evidence   # notifications carry why they were sent
+        res = self.executor.act(action.actuator, run.target, params, mode, run.policy.name,
                                 run.rule.name, run.rule.rollback.on_restart)
         if res.outcome in ("applied", "planned", "alerted") and self.registry.spec(action.actuator).changes_system:
             self.limits.record(run.now)
@@ -180,6 +183,14 @@ class Controller:
                 grown = self.executor.refresh(ac.change, ac.journal_id)
                 if grown is not None:
                     ac.change = grown
+        for notice in run.notices:
+            self.executor.refresh(notice, None)
+
+    def resolve_notices(self, run: RuleRun) -> None:
+        for notice in run.notices:
+            res = self.executor.resolve(notice)
+            self.audit_action(run, None, notice, res.outcome, None, res.error, "enforce")
+        run.notices.clear()
 
     # --- reporting --------------------------------------------------------------
     def summary(self) -> dict:

@@ -41,6 +41,7 @@ class StepResult:
     change: Change | None = None
     journal_id: str | None = None
     error: str | None = None
+    notice: Change | None = None   # an alert sent by this step, to resolve when the rule clears
 
 
 @dataclass
@@ -98,20 +99,20 @@ class Executor:
             self._retrying(self.registry.get(change.actuator).apply, change)
         except ActuatorError as exc:
             return StepResult("failed", change, error=str(exc))
-        return StepResult("notified", change)
+        return StepResult("notified", change, notice=change if change.actuator == "alert" else None)
 
     def _alert_instead(self, change: Change, policy: str, rule: str) -> StepResult:
         if "alert" not in self.registry:
             return StepResult("alerted", change)
         params = {"severity": "warning",
                   "summary": f"{policy}/{rule} would apply: {change.summary}",
-                  "labels": {"policy": policy, "rule": rule, "mode": "alert-only"}}
+                  "labels": {"mode": "alert-only", "actuator": change.actuator}}
         try:
             alert = self.plan("alert", change.target, params)
             self._retrying(self.registry.get("alert").apply, alert)
         except ActuatorError as exc:
             return StepResult("failed", change, error=f"alert: {exc}")
-        return StepResult("alerted", change)
+        return StepResult("alerted", change, notice=alert)
 
     def _apply(self, change: Change, policy: str, rule: str, on_restart: str) -> StepResult:
         act = self.registry.get(change.actuator)
@@ -139,7 +140,8 @@ class Executor:
             return False
 
     def refresh(self, change: Change, journal_id: str | None) -> Change | None:
-        """Extend an active change to new targets (e.g. new workers); journal first."""
+        """Extend an active change to new targets (e.g. new workers), or resend a
+        firing alert; journals the grown change."""
         act = self.registry.get(change.actuator)
         try:
             grown = act.refresh(change)
@@ -161,6 +163,14 @@ class Executor:
         if journal_id and self.journal:
             self.journal.mark(journal_id, "reverted")
         return StepResult("reverted", change, journal_id)
+
+    def resolve(self, notice: Change) -> StepResult:
+        """Resolve an alert this controller raised (its condition cleared)."""
+        try:
+            self._retrying(self.registry.get(notice.actuator).revert, notice)
+        except ActuatorError as exc:
+            return StepResult("failed", notice, error=f"resolve: {exc}")
+        return StepResult("resolved", notice)
 
     def release(self, journal_id: str | None, state: str) -> None:
         """Close a journal entry without reverting (``kept`` for rollback: never)."""

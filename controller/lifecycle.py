@@ -84,13 +84,14 @@ class RuleRun:
         self.target_key = tkey
         self.scope = Scope(f"{policy.name}/{rule.name}/{tkey}", tuple(sorted(policy.selector.match.items())),
                            tuple(sorted(self.labels.items())))
-        self.target = Target(self.labels, policy.selector.to_dict())
+        self.target = Target(self.labels, {**policy.selector.to_dict(), "policy": policy.name, "rule": rule.name})
         self.since = 0.0            # when the current state was entered
         self.breach_since = None    # first tick of the current breach
         self.clear_since = None     # first tick the condition was false after remediation
         self.step_index = 0
         self.acted_at = None
         self.changes: list[ActiveChange] = []
+        self.notices: list[Change] = []   # alerts sent and not yet resolved
         self.action_times: deque[float] = deque()
         self.evidence: list[dict] = []
         self.now = 0.0
@@ -201,6 +202,7 @@ class RuleRun:
                 if now - self.clear_since >= self.rule.clear_for:
                     self.clear_since = None
                     self.clear(evidence=self.evidence)
+                    self.ctx.resolve_notices(self)
                     if self.state == "recovering":
                         self._recover("clear")
         elif state == "cooldown":
@@ -212,6 +214,8 @@ class RuleRun:
         spec = self.ctx.registry.spec(action.actuator)
         res = self.ctx.run_action(self, self.step_index, action)
         self.acted_at = self.now
+        if res.notice is not None:
+            self.notices.append(res.notice)
         if res.outcome in ("applied", "planned", "alerted", "noop") and spec.changes_system:
             self.action_times.append(self.now)
             if res.outcome != "noop":

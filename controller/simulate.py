@@ -45,20 +45,10 @@ class SimResult:
         return [r for r in self.records if r["kind"] == "action"]
 
 
-def scenario_policy_paths(scenario) -> list[str]:
-    """The policy files a scenario names: next to the scenario file, else built in."""
-    out = []
-    here = Path(scenario.path).parent if getattr(scenario, "path", None) else None
-    for name in scenario.policies:
-        local = here / name if here else None
-        out.append(str(local if local and local.exists() else BUILTIN_POLICIES / name))
-    return out
-
-
 def run_scenario(scenario, policy_paths: list[str] | None = None, mode: str | None = None,
                  out_dir: str | Path | None = None, report: bool = False) -> SimResult:
     sc = load_scenario(scenario) if isinstance(scenario, str) else scenario
-    policies = load_policies(policy_paths or scenario_policy_paths(sc))
+    policies = load_policies(policy_paths or list(sc.policies))
     clock = SimClock()
     bus = SignalBus(retention=3600.0)
     plant = Plant(sc, seed=sc.seed)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from reflexarc.actuators.base import ActuatorSpec, ParamSpec
+from reflexarc.actuators.base import EVIDENCE_PARAM, ActuatorSpec, ParamSpec
 
 _DURATION_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 _NUMBER = r"\d+(?:\.\d+)?"
@@ -134,14 +134,16 @@ def normalise(actuator: str, param: ParamSpec, value):
 def check_params(spec: ActuatorSpec, params: dict, partial: bool = False) -> dict:
     """Canonical forms of ``params``: unknown names, bad values and (unless ``partial``,
     for a subset such as a fault's remedy) missing required ones raise ValueError."""
-    unknown = sorted(set(params) - {p.name for p in spec.params})
+    reserved = {EVIDENCE_PARAM} if spec.accepts_evidence else set()
+    unknown = sorted(set(params) - {p.name for p in spec.params} - reserved)
     if unknown:
         raise ValueError(f"actuator '{spec.name}' has no parameter {', '.join(map(repr, unknown))}; "
                          f"it takes {', '.join(p.name for p in spec.params)}")
     missing = [] if partial else [p.name for p in spec.params if p.required and params.get(p.name) is None]
     if missing:
         raise ValueError(f"actuator '{spec.name}' needs parameter {', '.join(map(repr, missing))}")
-    return {name: normalise(spec.name, spec.param(name), value) for name, value in params.items()}
+    return {name: value if name == EVIDENCE_PARAM else normalise(spec.name, spec.param(name), value)
+            for name, value in params.items()}
 
 
 def _covered(kind: str, want, have) -> bool:
