@@ -1,0 +1,45 @@
+"""``reflexarc test-policies``: the built-in policies' unit tests pass, and a
+wrong expectation fails with a readable diff."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+RX = [sys.executable, "-m", "reflexarc.controller.cli", "test-policies"]
+
+
+def test_builtin_policy_tests_pass(repo_root):
+    r = subprocess.run(RX + [str(repo_root / "policies" / "tests")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    names = {line.split()[1] for line in r.stdout.splitlines() if line.startswith("PASS")}
+    policies = {p.name for p in (repo_root / "policies").glob("*.yaml")}
+    assert {n.split("/")[-1] for n in names} == policies, "every built-in policy has a policy test"
+
+
+def test_wrong_expectation_fails_with_diff(tmp_path, repo_root):
+    f = tmp_path / "wrong.yaml"
+    f.write_text(f"""\
+policy: {repo_root}/policies/dataloader-numa.yaml
+scenario: numa-remote-worker
+cases:
+  - mode: enforce
+    actions:
+      - {{actuator: affinity, outcome: applied, at: 60s, within: 5s}}
+      - {{actuator: dscp, outcome: applied}}
+""")
+    r = subprocess.run(RX + [str(f)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "FAIL" in r.stdout
+    assert "- missing: affinity applied @60s±5s (seen at 196s)" in r.stdout
+    assert "- missing: dscp applied" in r.stdout
+    assert "+ unexpected: affinity applied @196s" in r.stdout
+    assert "0 passed, 1 failed" in r.stdout
+
+
+def test_malformed_test_file_is_located(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("policy: x.yaml\nscenario: numa-remote-worker\ncases:\n  - mode: enforce\n    expect: []\n")
+    r = subprocess.run(RX + [str(f)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert f"{f}:5:5: error: unknown key 'expect'" in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
