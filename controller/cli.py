@@ -147,7 +147,7 @@ def cmd_run(args) -> int:
     from .engine import Controller
     from .limits import LimitSettings
     from .live import run_live
-    from .sources import ProbeSource, ReplaySource, SourceError
+    from .sources import HookSource, ProbeSource, ReplaySource, SourceError
     policies = _load_policies(args.policy)
     clock = WallClock()
     sources = []
@@ -157,6 +157,8 @@ def cmd_run(args) -> int:
             sources.append(ReplaySource(args.replay, clock.now()))
     except SourceError as exc:
         raise CliError(str(exc)) from None
+    if Path(args.hook_dir).is_dir():
+        sources.append(HookSource(args.hook_dir, args.job))
     if not args.no_probes:
         from reflexarc.bpf.manager import ProbeManager
         manager = ProbeManager(_selection(policies, args.job), interval=args.interval)

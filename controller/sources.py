@@ -2,6 +2,8 @@
 
 - ``ProbeSource``: the bcc probes (``reflexarc.bpf.manager.ProbeManager``); also
   refreshes the probes' target selection and expires deep probes at their TTL.
+- ``HookSource``: step signals (``step_time_ms``, ``dataloader_batch_wait_ms``)
+  that training scripts report through ``reflexarc.actuators.hooks``.
 - ``ReplaySource``: a JSONL file of ``{"t": seconds-from-start, "name", "labels", "value"}``
   replayed against wall time (recorded incidents, tests, demos).
 
@@ -11,8 +13,9 @@ Example::
     for name, labels, value in src.poll(time.time()):
         bus.publish(name, labels, value, now)
 
-Overhead: ProbeSource reads the probes' maps once per interval; ReplaySource
-reads its file once at start.
+Overhead: ProbeSource reads the probes' maps once per interval; HookSource makes
+one Unix-socket request per training process per interval; ReplaySource reads
+its file once at start.
 """
 from __future__ import annotations
 
@@ -76,3 +79,25 @@ class ProbeSource:
 
     def close(self) -> None:
         self.manager.stop()
+
+
+class HookSource:
+    name = "hooks"
+
+    def __init__(self, hook_dir: str, job: str | None = None) -> None:
+        self.hook_dir = hook_dir
+        self.job = job or None
+        self._seen: dict[tuple, float] = {}
+
+    def poll(self, now: float) -> list[tuple[str, dict, float]]:
+        from reflexarc.actuators.framework_hook import read_signals
+        out = []
+        for rec in read_signals(self.hook_dir, self.job):
+            key = (rec["name"], tuple(sorted(rec["labels"].items())))
+            if self._seen.get(key) != rec["ts"]:      # only new reports
+                self._seen[key] = rec["ts"]
+                out.append((rec["name"], rec["labels"], rec["value"]))
+        return out
+
+    def close(self) -> None:
+        pass
