@@ -1,0 +1,94 @@
+"""Loader of ``gpu_submit.bpf.c``: NVIDIA driver submissions per process.
+
+Every NVIDIA user-space driver call that submits work is an ``ioctl`` whose type
+byte is ``'F'`` (0x46). The probe counts those ioctls of selected processes on
+``syscalls:sys_enter_ioctl`` and keeps, in the kernel, a histogram of the gap
+between consecutive submissions of each process. A GPU starved by its input
+pipeline shows a falling rate and a widening gap long before utilisation
+counters (sampled every second or so) move.
+
+Signals: ``gpu_submit_rate_hz{pid}`` and ``gpu_submit_gap_us{pid,quantile}``.
+An empty task selection watches every process (only GPU clients issue 'F'
+ioctls); otherwise a task is selected by tgid, thread name or cgroup id, and
+``update_selection`` rewrites the selection maps without recompiling.
+
+Example::
+
+    probe = GpuSubmit(Selection(comms=("python",)))
+    probe.start()
+    probe.collect(now=time.time())          # opens the first interval
+    ...
+    for name, labels, value in probe.collect(now=time.time()):
+        ...
+
+Overhead: one tracepoint hit per ioctl on the node (~10 ns of BPF and a type
+test); selected 'F' ioctls add three hash operations. Any syscall tracepoint
+also sends every syscall through the kernel's traced entry path, a fixed cost
+per syscall shared with the other syscall probes. Collect: two batched map reads.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .loghist import SLOTS, quantiles
+from .maps import drain, sync_selection
+from .probe import OK, UNSUPPORTED, Probe, ProbeStatus, Selection
+
+NVIDIA_IOCTL_TYPE = 0x46  # 'F'
+MAX_SELECTED = 1024
+
+
+class GpuSubmit(Probe):
+    name = "gpu_submit"
+    tier = "light"
+    signals = ("gpu_submit_rate_hz", "gpu_submit_gap_us")
+    fallback_order = ("tracepoint syscalls:sys_enter_ioctl", "none")
+
+    def __init__(self, selection: Selection | None = None, features=None, node: str = "",
+                 max_pids: int = 4096) -> None:
+        super().__init__(selection, features, node)
+        self.max_pids = max_pids
+        self._last_collect: float | None = None
+
+    def cflags(self) -> list[str]:
+        return [f"-DIOCTL_TYPE={NVIDIA_IOCTL_TYPE:#x}", f"-DMAX_PIDS={self.max_pids}",
+                f"-DMAX_SELECTED={MAX_SELECTED}", f"-DHIST_SLOTS={SLOTS}"]
+
+    def choose_attach_points(self) -> ProbeStatus:
+        if self.features.has_tracepoint("syscalls", "sys_enter_ioctl"):
+            return ProbeStatus(OK, "", ["tracepoint:syscalls:sys_enter_ioctl"])
+        return ProbeStatus(UNSUPPORTED, "no syscalls:sys_enter_ioctl tracepoint "
+                                        "(kernel built without CONFIG_FTRACE_SYSCALLS)")
+
+    def attach(self) -> None:
+        # TRACEPOINT_PROBE attached when the program loaded; install the
+        # selection and drop whatever was counted before it applied.
+        self.update_selection(self.selection)
+        self.bpf[b"submits"].clear()
+        self.bpf[b"gap_hist"].clear()
+        self._last_collect = None
+
+    def update_selection(self, selection: Selection) -> None:
+        self.selection = selection
+        if self.bpf is not None:
+            sync_selection(self.bpf, selection)
+
+    def collect(self, now: float) -> list[tuple[str, dict, float]]:
+        if self.bpf is None:
+            return []
+        counts = dict(drain(self.bpf[b"submits"]))
+        hists: dict[int, dict[int, int]] = defaultdict(dict)
+        for k, v in drain(self.bpf[b"gap_hist"]):
+            hists[k.id][k.slot] = v
+        interval = None if self._last_collect is None else now - self._last_collect
+        self._last_collect = now
+
+        out: list[tuple[str, dict, float]] = []
+        if interval and interval > 0:
+            for pid, n in sorted(counts.items()):
+                out.append(("gpu_submit_rate_hz", self.labels(pid=pid), n / interval))
+        for pid, hist in sorted(hists.items()):
+            for q, value in quantiles(hist):
+                out.append(("gpu_submit_gap_us", self.labels(pid=pid, quantile=q), value))
+        return out
+
