@@ -267,8 +267,10 @@ def cmd_act(args) -> int:
     clock = WallClock()
     journal = _journal(args, clock) if args.mode == "enforce" else None
     ex = Executor(registry, journal, clock)
-    res = ex.act(args.actuator, Target(labels, selector), params, args.mode, policy="manual", rule="act")
+    target = Target(labels, {**selector, "policy": "manual", "rule": "act"})
+    res = ex.act(args.actuator, target, params, args.mode, policy="manual", rule="act")
     registry.close()
+    _audit_manual(args, clock, target, params, res)
     view = {"outcome": res.outcome, "journal_id": res.journal_id, "error": res.error,
             "before": res.change.before if res.change else None,
             "after": res.change.after if res.change else None,
@@ -279,6 +281,18 @@ def cmd_act(args) -> int:
     if res.outcome == "failed":
         raise CliError(f"{args.actuator}: {res.error}")
     return 0
+
+
+def _audit_manual(args, clock, target, params, res) -> None:
+    """Manual actions go to the same audit log as the controller's, so reports show them."""
+    from .audit import AuditLog
+    audit = AuditLog(args.audit or Path(args.state_dir) / "audit.jsonl", clock)
+    change = res.change
+    audit.write("action", policy="manual", rule="act", target=target.key(), target_labels=target.labels,
+                mode=args.mode, step=0, actuator=args.actuator, params=params, outcome=res.outcome,
+                change={"before": change.before, "after": change.after, "summary": change.summary} if change else None,
+                journal_id=res.journal_id, error=res.error)
+    audit.close()
 
 
 def cmd_rollback(args) -> int:
@@ -385,6 +399,7 @@ def build_parser() -> Parser:
     s.add_argument("--interface", action="append", default=[])
     s.add_argument("--port", action="append", default=[])
     s.add_argument("--label", action="append", default=[], metavar="key=value")
+    s.add_argument("--audit", help="audit log to append to (default STATE_DIR/audit.jsonl)")
     s.set_defaults(fn=cmd_act)
 
     s = sub.add_parser("rollback", help="revert journaled changes")

@@ -1,0 +1,68 @@
+/* block_io.bpf.c: block request latency and size per device.
+ * Loader: bpf/block_io.py (class BlockIo).
+ *
+ *   ISSUE_TP (block:block_rq_issue, or block:block_io_start on the fallback)
+ *       issued[dev, sector] = {time, bytes}; requests without data (flushes)
+ *       are not tracked
+ *   DONE_TP (block:block_rq_complete, or block:block_io_done)
+ *       lat_hist[dev, slot(now - issue time, us)] += 1
+ *       size_hist[dev, log2(bytes)]              += 1
+ * Completion runs in interrupt or softirq context, so requests are matched by
+ * device and start sector, never by task. The loader reads and deletes both
+ * histograms once per interval; the request count is the size histogram's
+ * total and the small-I/O share is read from its power-of-two slots, so the
+ * threshold is a loader parameter, not a compile-time constant.
+ *
+ * Histogram slots are log-linear: values below 4 have their own slot, above that
+ * four sub-slots per power of two (<= 25 % wide), HIST_SLOTS in all (the Python
+ * mirror is bpf/loghist.py). Size slots are floor(log2 bytes).
+ *
+ * cflags: -DMAX_DEVS -DMAX_INFLIGHT -DHIST_SLOTS -DISSUE_TP=... -DDONE_TP=...
+ */
+#include <uapi/linux/ptrace.h>
+
+struct rq_key { u32 dev; u32 pad; u64 sector; };
+struct rq_val { u64 ts; u32 bytes; u32 pad; };
+struct hist_key { u32 id; u32 slot; };
+
+BPF_TABLE("lru_hash", struct rq_key, struct rq_val, issued, MAX_INFLIGHT);
+BPF_HASH(lat_hist, struct hist_key, u64, MAX_DEVS * 64);
+BPF_HASH(size_hist, struct hist_key, u64, MAX_DEVS * 33);
+
+#define TP_ARGS_(event) struct tracepoint__block__##event
+#define TP_ARGS(event) TP_ARGS_(event)
+
+static __always_inline u32 hist_slot(u64 v)
+{
+    if (v < 4)
+        return v;
+    u32 e = bpf_log2l(v) - 1;             /* bcc's bpf_log2l is floor(log2 v) + 1 */
+    u32 slot = 4 * (e - 1) + ((v >> (e - 2)) & 3);
+    return slot < HIST_SLOTS ? slot : HIST_SLOTS - 1;
+}
+
+int on_issue(TP_ARGS(ISSUE_TP) *args)
+{
+    u32 bytes = args->bytes;
+    if (bytes == 0)
+        return 0;
+    struct rq_key k = {.dev = args->dev, .sector = args->sector};
+    struct rq_val v = {.ts = bpf_ktime_get_ns(), .bytes = bytes};
+    issued.update(&k, &v);
+    return 0;
+}
+
+int on_done(TP_ARGS(DONE_TP) *args)
+{
+    struct rq_key k = {.dev = args->dev, .sector = args->sector};
+    struct rq_val *v = issued.lookup(&k);
+    if (!v)
+        return 0;
+    u64 delta = bpf_ktime_get_ns() - v->ts;
+    struct hist_key lat = {.id = k.dev, .slot = hist_slot(delta / 1000)};
+    struct hist_key size = {.id = k.dev, .slot = bpf_log2l(v->bytes) - 1};
+    issued.delete(&k);
+    lat_hist.atomic_increment(lat);
+    size_hist.atomic_increment(size);
+    return 0;
+}

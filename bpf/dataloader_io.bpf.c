@@ -1,0 +1,154 @@
+/* dataloader_io.bpf.c: read latency of selected processes (DataLoader workers).
+ * Loader: bpf/dataloader_io.py (class DataloaderIo).
+ *
+ * Two sources, each compiled in only when the loader found its tracepoints:
+ *   read syscalls (READ_SYSCALLS): sys_enter_{read,pread64,readv,preadv,preadv2}
+ *       store the entry time per thread; the matching sys_exit records
+ *       exit - entry for reads that returned >= 0.
+ *   io_uring (URING_SUBMIT_REQ, or URING_SUBMIT_SQE on older kernels):
+ *       the submit tracepoint, which runs in the submitting task (or its SQPOLL
+ *       thread, same tgid), stores {time, tgid} keyed by the request pointer;
+ *       io_uring_complete, which may run in io-wq or interrupt context, looks
+ *       the request up and attributes the latency to the submitter.
+ * Each completed read adds lat_hist[tgid, slot(latency in microseconds)] += 1;
+ * the loader reads and deletes it once per interval, and counts reads as the
+ * histogram's total.
+ *
+ * Selection (map updates, no recompile): sel_mode[0] == 0 watches every process;
+ * otherwise a task is selected when its tgid is in sel_pid or, with SEL_CGROUPS
+ * set, its cgroup id in sel_cgroup. Names (sel_comm) are resolved to tgids by
+ * the loader's /proc scan and by on_rename below, never per event. Only the
+ * submitting/reading side is filtered; completions are matched by key.
+ *
+ * Histogram slots are log-linear: values below 4 have their own slot, above that
+ * four sub-slots per power of two (<= 25 % wide), HIST_SLOTS in all (the Python
+ * mirror is bpf/loghist.py).
+ *
+ * cflags: -DMAX_SELECTED -DMAX_PIDS -DMAX_THREADS -DMAX_INFLIGHT -DHIST_SLOTS
+ *         [-DREAD_SYSCALLS] [-DURING_SUBMIT_REQ | -DURING_SUBMIT_SQE]
+ */
+#include <uapi/linux/ptrace.h>
+
+struct comm_key { char comm[16]; };
+struct hist_key { u32 id; u32 slot; };
+struct inflight { u64 ts; u32 tgid; u32 pad; };
+
+BPF_ARRAY(sel_mode, u32, 1);
+BPF_HASH(sel_pid, u32, u8, MAX_SELECTED);
+BPF_HASH(sel_comm, struct comm_key, u8, MAX_SELECTED);
+BPF_HASH(sel_cgroup, u64, u8, MAX_SELECTED);
+
+BPF_HASH(lat_hist, struct hist_key, u64, MAX_PIDS * 32);
+
+static __always_inline u32 hist_slot(u64 v)
+{
+    if (v < 4)
+        return v;
+    u32 e = bpf_log2l(v) - 1;             /* bcc's bpf_log2l is floor(log2 v) + 1 */
+    u32 slot = 4 * (e - 1) + ((v >> (e - 2)) & 3);
+    return slot < HIST_SLOTS ? slot : HIST_SLOTS - 1;
+}
+
+#define SEL_FILTER 1
+#define SEL_CGROUPS 2
+
+static __always_inline int selected(u32 tgid)
+{
+    u32 zero = 0;
+    u32 *mode = sel_mode.lookup(&zero);
+    if (!mode || !(*mode & SEL_FILTER))
+        return 1;
+    if (sel_pid.lookup(&tgid))
+        return 1;
+    if (!(*mode & SEL_CGROUPS))
+        return 0;
+    u64 cg = bpf_get_current_cgroup_id();
+    return sel_cgroup.lookup(&cg) != 0;
+}
+
+/* task:task_rename, in the renamed task for prctl(PR_SET_NAME) and exec: a
+ * process whose main thread names itself as a selected comm joins sel_pid at
+ * once. Other threads' names, and renames of another task (writes to
+ * /proc/<pid>/comm), are left to the loader's scan of process names. */
+int on_rename(struct tracepoint__task__task_rename *args)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (args->pid != (u32)id || (u32)id != (u32)(id >> 32))
+        return 0;
+    struct comm_key ck = {};
+    bpf_probe_read_kernel_str(&ck.comm, sizeof(ck.comm), args->newcomm);
+    if (!sel_comm.lookup(&ck))
+        return 0;
+    u32 tgid = id >> 32;
+    u8 one = 1;
+    sel_pid.update(&tgid, &one);
+    return 0;
+}
+
+static __always_inline void record(u32 tgid, u64 delta_ns)
+{
+    struct hist_key hk = {.id = tgid, .slot = hist_slot(delta_ns / 1000)};
+    lat_hist.atomic_increment(hk);
+}
+
+#ifdef READ_SYSCALLS
+/* A plain hash: every entry is deleted by its sys_exit, which always follows. */
+BPF_HASH(read_start, u64, u64, MAX_THREADS);
+
+int on_read_enter(void *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!selected(id >> 32))
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    read_start.update(&id, &now);
+    return 0;
+}
+
+/* Attached to every sys_exit_* read variant: they share this layout. */
+int on_read_exit(struct tracepoint__syscalls__sys_exit_read *args)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u64 *start = read_start.lookup(&id);
+    if (!start)
+        return 0;
+    u64 delta = bpf_ktime_get_ns() - *start;
+    read_start.delete(&id);
+    if (args->ret >= 0)
+        record(id >> 32, delta);
+    return 0;
+}
+#endif
+
+#if defined(URING_SUBMIT_REQ) || defined(URING_SUBMIT_SQE)
+/* LRU: requests cancelled with their ring never complete. */
+BPF_TABLE("lru_hash", u64, struct inflight, uring_inflight, MAX_INFLIGHT);
+
+#ifdef URING_SUBMIT_REQ
+int on_uring_submit(struct tracepoint__io_uring__io_uring_submit_req *args)
+#else
+int on_uring_submit(struct tracepoint__io_uring__io_uring_submit_sqe *args)
+#endif
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!selected(tgid))
+        return 0;
+    u64 req = (u64)args->req;
+    struct inflight v = {.ts = bpf_ktime_get_ns(), .tgid = tgid};
+    uring_inflight.update(&req, &v);
+    return 0;
+}
+
+int on_uring_complete(struct tracepoint__io_uring__io_uring_complete *args)
+{
+    u64 req = (u64)args->req;
+    struct inflight *v = uring_inflight.lookup(&req);
+    if (!v)
+        return 0;
+    u64 delta = bpf_ktime_get_ns() - v->ts;
+    u32 tgid = v->tgid;
+    uring_inflight.delete(&req);
+    record(tgid, delta);
+    return 0;
+}
+#endif

@@ -1,0 +1,173 @@
+/* sched_numa.bpf.c: CPU migrations (and NUMA crossings) and run-queue latency
+ * of selected processes' threads.
+ * Loader: bpf/sched_numa.py (class SchedNuma).
+ *
+ * Wakeups and migrations run in another task's context, so the program keeps
+ * the set of watched threads itself: tasks[tid] = tgid. Each thread is
+ * re-tested against the selection (tgid in sel_pid, or cgroup in sel_cgroup
+ * when SEL_CGROUPS is set) whenever it is switched out, which every thread is
+ * before it can be woken or migrated, and is added or removed accordingly; a
+ * selection change takes effect within one scheduling period per thread. The
+ * loader also writes the threads of selected pids at once, and
+ * sched_process_exit removes exiting threads. Names (sel_comm) are resolved to
+ * tgids by the loader's /proc scan and by on_rename below, never per event.
+ *
+ *   sched:sched_migrate_task  watched tid: migrations[tgid].all += 1, and
+ *                             .cross += 1 when cpu_node[orig] != cpu_node[dest]
+ *   sched:sched_wakeup(_new)  watched tid: queued_at[tid] = now
+ *   sched:sched_switch        prev watched and still runnable (preempted):
+ *                             queued_at[prev] = now;
+ *                             next watched: runq_hist[tgid, slot(now -
+ *                             queued_at[next], us)] += 1
+ * The loader reads and deletes migrations and runq_hist once per interval.
+ * cpu_node is written by the loader from bpf/topology.py (map update, no
+ * recompile); -1 marks an unknown CPU, never counted as a crossing.
+ *
+ * Histogram slots are log-linear: values below 4 have their own slot, above that
+ * four sub-slots per power of two (<= 25 % wide), HIST_SLOTS in all (the Python
+ * mirror is bpf/loghist.py).
+ *
+ * cflags: -DMAX_SELECTED -DMAX_PIDS -DMAX_THREADS -DMAX_CPUS -DHIST_SLOTS
+ */
+#include <uapi/linux/ptrace.h>
+
+/* sched_switch reports a preempted task as TASK_REPORT_MAX (0x100 since 4.14,
+ * above every sleeping state bit) and a task that yielded as 0. */
+#define SLEEP_STATE_BITS 0xff
+
+struct comm_key { char comm[16]; };
+struct hist_key { u32 id; u32 slot; };
+struct mig { u64 all; u64 cross; };
+
+BPF_ARRAY(sel_mode, u32, 1);
+BPF_HASH(sel_pid, u32, u8, MAX_SELECTED);
+BPF_HASH(sel_comm, struct comm_key, u8, MAX_SELECTED);
+BPF_HASH(sel_cgroup, u64, u8, MAX_SELECTED);
+
+BPF_TABLE("lru_hash", u32, u32, tasks, MAX_THREADS);
+BPF_TABLE("lru_hash", u32, u64, queued_at, MAX_THREADS);
+BPF_ARRAY(cpu_node, s32, MAX_CPUS);
+BPF_HASH(migrations, u32, struct mig, MAX_PIDS);
+BPF_HASH(runq_hist, struct hist_key, u64, MAX_PIDS * 32);
+
+static __always_inline u32 hist_slot(u64 v)
+{
+    if (v < 4)
+        return v;
+    u32 e = bpf_log2l(v) - 1;             /* bcc's bpf_log2l is floor(log2 v) + 1 */
+    u32 slot = 4 * (e - 1) + ((v >> (e - 2)) & 3);
+    return slot < HIST_SLOTS ? slot : HIST_SLOTS - 1;
+}
+
+#define SEL_FILTER 1
+#define SEL_CGROUPS 2
+
+static __always_inline int selected(u32 tgid)
+{
+    u32 zero = 0;
+    u32 *mode = sel_mode.lookup(&zero);
+    if (!mode || !(*mode & SEL_FILTER))
+        return 1;
+    if (sel_pid.lookup(&tgid))
+        return 1;
+    if (!(*mode & SEL_CGROUPS))
+        return 0;
+    u64 cg = bpf_get_current_cgroup_id();
+    return sel_cgroup.lookup(&cg) != 0;
+}
+
+/* task:task_rename, in the renamed task for prctl(PR_SET_NAME) and exec: a
+ * process whose main thread names itself as a selected comm joins sel_pid at
+ * once. Other threads' names, and renames of another task (writes to
+ * /proc/<pid>/comm), are left to the loader's scan of process names. */
+int on_rename(struct tracepoint__task__task_rename *args)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (args->pid != (u32)id || (u32)id != (u32)(id >> 32))
+        return 0;
+    struct comm_key ck = {};
+    bpf_probe_read_kernel_str(&ck.comm, sizeof(ck.comm), args->newcomm);
+    if (!sel_comm.lookup(&ck))
+        return 0;
+    u32 tgid = id >> 32;
+    u8 one = 1;
+    sel_pid.update(&tgid, &one);
+    return 0;
+}
+
+static __always_inline s32 node_of(int cpu)
+{
+    u32 idx = cpu;
+    s32 *node = cpu_node.lookup(&idx);
+    return node ? *node : -1;
+}
+
+int on_migrate(struct tracepoint__sched__sched_migrate_task *args)
+{
+    u32 tid = args->pid;
+    u32 *tgid = tasks.lookup(&tid);
+    if (!tgid)
+        return 0;
+    s32 from = node_of(args->orig_cpu), to = node_of(args->dest_cpu);
+    struct mig zero = {};
+    struct mig *m = migrations.lookup_or_try_init(tgid, &zero);
+    if (!m)
+        return 0;
+    __sync_fetch_and_add(&m->all, 1);
+    if (from >= 0 && to >= 0 && from != to)
+        __sync_fetch_and_add(&m->cross, 1);
+    return 0;
+}
+
+/* Attached to sched_wakeup and sched_wakeup_new: they share this layout. */
+int on_wakeup(struct tracepoint__sched__sched_wakeup *args)
+{
+    u32 tid = args->pid;
+    if (!tasks.lookup(&tid))
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    queued_at.update(&tid, &now);
+    return 0;
+}
+
+int on_switch(struct tracepoint__sched__sched_switch *args)
+{
+    u32 prev = args->prev_pid, next = args->next_pid;
+
+    if (prev != 0) {                      /* current is prev here */
+        u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        if (selected(tgid)) {
+            u32 *known = tasks.lookup(&prev);
+            if (!known || *known != tgid)
+                tasks.update(&prev, &tgid);
+            if ((args->prev_state & SLEEP_STATE_BITS) == 0) {
+                u64 now = bpf_ktime_get_ns();
+                queued_at.update(&prev, &now);
+            }
+        } else if (tasks.lookup(&prev)) {
+            tasks.delete(&prev);          /* no longer selected */
+        }
+    }
+
+    if (next != 0) {
+        u32 *tgid = tasks.lookup(&next);
+        if (!tgid)
+            return 0;
+        u64 *queued = queued_at.lookup(&next);
+        if (!queued)
+            return 0;
+        u64 now = bpf_ktime_get_ns();
+        struct hist_key hk = {.id = *tgid, .slot = hist_slot((now - *queued) / 1000)};
+        queued_at.delete(&next);
+        runq_hist.atomic_increment(hk);
+    }
+    return 0;
+}
+
+int on_exit(void *ctx)
+{
+    u32 tid = bpf_get_current_pid_tgid();
+    tasks.delete(&tid);
+    queued_at.delete(&tid);
+    return 0;
+}

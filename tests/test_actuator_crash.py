@@ -1,0 +1,100 @@
+"""A controller killed right after an apply, then restarted: the restart
+reconciles the journal and reverts the change on the real system. Tested for
+the affinity re-pin (real threads) and the tc-BPF DSCP retag (a real veth in a
+real network namespace). The kill comes from the executor's fault-injection
+point (``REFLEXARC_FAULT_INJECT=after-apply``: SIGKILL right after the journal
+says ``applied``)."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import require, require_bpf, require_root
+from netns import NetnsPair
+
+RX = [sys.executable, "-m", "reflexarc.controller.cli"]
+
+WORKER = r"""
+import ctypes, os, sys, threading, time
+ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)
+stop = threading.Event()
+threads = [threading.Thread(target=stop.wait) for _ in range(2)]
+for t in threads: t.start()
+print("ready", flush=True)
+sys.stdin.read()
+stop.set()
+"""
+
+
+def two_node_sys(root: Path) -> Path:
+    for node, cpus in ((0, "0"), (1, "1")):
+        d = root / "devices" / "system" / "node" / f"node{node}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(cpus + "\n")
+    return root
+
+
+def allowed(pid: int) -> set[str]:
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                out.add(line.split()[1])
+    return out
+
+
+def crash_then_restart(base: list[str], act_args: list[str]) -> None:
+    r = subprocess.run(base + ["act", *act_args, "--mode", "enforce"], capture_output=True, text=True,
+                       env={**os.environ, "REFLEXARC_FAULT_INJECT": "after-apply"}, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+
+
+def restart(base: list[str], tmp: Path) -> None:
+    r = subprocess.run(base + ["run", "--no-probes", "--duration", "0", "--kill-switch", str(tmp / "off")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    listed = subprocess.run(base + ["journal"], capture_output=True, text=True, timeout=60)
+    assert listed.stdout.strip() == "", "nothing left open in the journal"
+
+
+def test_affinity_reverted_after_crash(tmp_path):
+    require_root()
+    require(len(os.sched_getaffinity(0)) >= 2, "at least two CPUs")
+    sysroot = two_node_sys(tmp_path / "sys")
+    base = RX + ["--state-dir", str(tmp_path / "state"), "--sys-root", str(sysroot),
+                 "--hook-dir", str(tmp_path / "hooks")]
+    w = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert w.stdout.readline().strip() == "ready"
+        before = allowed(w.pid)
+        assert before == {"0-1"} or len(before) == 1
+        crash_then_restart(base, ["affinity", "node=1", "--pid", str(os.getpid()), "--label", f"pid={w.pid}"])
+        assert allowed(w.pid) == {"1"}, "applied to every thread before the kill"
+        restart(base, tmp_path)
+        assert allowed(w.pid) == before
+    finally:
+        w.stdin.close()
+        w.wait(timeout=30)
+
+
+def tc_state(pair: NetnsPair) -> str:
+    q = pair.run("a", "tc", "qdisc", "show", "dev", pair.if_a).stdout
+    f = pair.run("a", "tc", "filter", "show", "dev", pair.if_a, "egress").stdout
+    return q + f
+
+
+def test_dscp_reverted_after_crash(tmp_path):
+    require_bpf()
+    base = RX + ["--state-dir", str(tmp_path / "state"), "--hook-dir", str(tmp_path / "hooks")]
+    with NetnsPair("crash") as pair:
+        before = tc_state(pair)
+        crash_then_restart(base, ["dscp", "dscp=EF", f"interfaces={pair.if_a}", f"netns={pair.ns_a}",
+                                  "ports=5201", "protocol=udp"])
+        during = tc_state(pair)
+        assert "clsact" in during and "bpf" in during, during
+        restart(base, tmp_path)
+        assert tc_state(pair) == before

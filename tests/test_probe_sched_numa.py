@@ -1,0 +1,168 @@
+"""sched_numa probe against real migrations of a real task, and the topology
+reader on a fixture sysfs.
+
+A child names itself ``pt_data_worker`` and spins; the test moves it between
+CPU 0 and CPU 1 with ``sched_setaffinity`` (each move of a running task is one
+``sched_migrate_task``). Under the override topology {0: [0], 1: [1]} every
+move crosses a node; after loading {0: [0, 1]} (a map update) none does.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import require, require_bpf
+
+from reflexarc.bpf.probe import OK, Selection
+from reflexarc.bpf.sched_numa import SchedNuma
+from reflexarc.bpf.topology import NO_NODE, Topology, parse_cpulist
+from reflexarc.controller.signals import CATALOGUE
+
+SPINNER = r"""
+import ctypes, sys, time
+ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)   # PR_SET_NAME
+time.sleep(0.05)
+while True:
+    pass
+"""
+
+
+def cpu_of(pid: int) -> int:
+    """Field 39 of /proc/<pid>/stat: the CPU the task last ran on."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rpartition(")")[2].split()[36])
+
+
+def move(pid: int, cpu: int) -> None:
+    os.sched_setaffinity(pid, {cpu})
+    deadline = time.monotonic() + 5
+    while cpu_of(pid) != cpu:
+        assert time.monotonic() < deadline, f"task {pid} never reached CPU {cpu}"
+        time.sleep(0.001)
+
+
+class Spinner:
+    def __init__(self, comm: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", SPINNER, comm])
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{self.pid}/comm").read().strip() != comm:
+            assert time.monotonic() < deadline, "spinner never renamed itself"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def counters(samples, pid: int) -> dict[str, float]:
+    return {name: value for name, labels, value in samples
+            if labels.get("pid") == str(pid) and "quantile" not in labels}
+
+
+@pytest.fixture(scope="module")
+def probe():
+    require_bpf()
+    require(len(os.sched_getaffinity(0) & {0, 1}) == 2, "CPUs 0 and 1 available to this process")
+    p = SchedNuma(Selection(comms=("pt_data_worker",), job="t-numa"), topology=Topology({0: [0], 1: [1]}))
+    assert p.start().state == OK
+    yield p
+    p.stop()
+
+
+def test_signals_are_catalogued():
+    for name in SchedNuma.signals:
+        assert name in CATALOGUE
+        assert set(CATALOGUE[name].labels) <= {"node", "job", "pid", "quantile"}
+
+
+def test_cross_numa_migrations_counted_exactly(probe):
+    moves = 10
+    spinner = Spinner("pt_data_worker")
+    try:
+        probe.set_topology(Topology({0: [0], 1: [1]}))
+        move(spinner.pid, 0)
+        before = counters(probe.collect(time.time()), spinner.pid)
+        for i in range(moves):
+            move(spinner.pid, 1 if i % 2 == 0 else 0)
+        samples = probe.collect(time.time())
+        after = counters(samples, spinner.pid)
+
+        # Same CPUs, one node: the same moves no longer cross.
+        probe.set_topology(Topology({0: [0, 1]}))
+        for i in range(moves):
+            move(spinner.pid, 1 if i % 2 == 0 else 0)
+        last = counters(probe.collect(time.time()), spinner.pid)
+    finally:
+        spinner.stop()
+
+    all0 = before.get("numa_migrations_total", 0)
+    cross0 = before.get("numa_cross_migrations_total", 0)
+    assert after["numa_migrations_total"] - all0 >= moves
+    assert after["numa_cross_migrations_total"] - cross0 == moves
+    assert last["numa_migrations_total"] - after["numa_migrations_total"] >= moves
+    assert last["numa_cross_migrations_total"] == after["numa_cross_migrations_total"]
+    # Every move preempted the spinner and queued it on the other CPU.
+    runq = {labels["quantile"] for name, labels, _ in samples
+            if name == "dataloader_runq_latency_us" and labels["pid"] == str(spinner.pid)}
+    assert runq == {"0.5", "0.99"}
+    assert all(labels["job"] == "t-numa" for _, labels, _ in samples)
+
+
+def test_unselected_task_not_counted(probe):
+    other = Spinner("rx_not_a_worker")
+    try:
+        probe.collect(time.time())
+        for i in range(4):
+            move(other.pid, 1 if i % 2 == 0 else 0)
+        samples = probe.collect(time.time())
+    finally:
+        other.stop()
+    assert str(other.pid) not in {labels.get("pid") for _, labels, _ in samples}
+
+
+def test_runq_latency_rises_when_cpu_is_shared(probe):
+    worker, hog = Spinner("pt_data_worker"), Spinner("rx_cpu_hog")
+    try:
+        move(worker.pid, 1)
+        move(hog.pid, 1)
+        probe.collect(time.time())
+        time.sleep(0.5)
+        samples = probe.collect(time.time())
+    finally:
+        worker.stop()
+        hog.stop()
+    p99 = [v for name, labels, v in samples if name == "dataloader_runq_latency_us"
+           and labels["pid"] == str(worker.pid) and labels["quantile"] == "0.99"]
+    # Two spinners on one CPU take turns a scheduler slice (0.75-3 ms) at a time:
+    # the worker waits at least that long whenever the hog holds the CPU.
+    assert p99 and p99[0] >= 500, samples
+
+
+def test_topology_from_fixture_sysfs(tmp_path):
+    for node, cpus in ((0, "0-3,8"), (1, "4-7")):
+        d = tmp_path / "devices" / "system" / "node" / f"node{node}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(cpus + "\n")
+    topo = Topology.from_sysfs(str(tmp_path))
+    assert topo.nodes == {0: [0, 1, 2, 3, 8], 1: [4, 5, 6, 7]}
+    assert topo.node_of(8) == 0 and topo.node_of(5) == 1 and topo.node_of(9) == NO_NODE
+    assert topo.cpu_nodes(10) == [0, 0, 0, 0, 1, 1, 1, 1, 0, NO_NODE]
+
+
+def test_topology_without_numa_is_one_node(tmp_path):
+    cpu = tmp_path / "devices" / "system" / "cpu"
+    cpu.mkdir(parents=True)
+    (cpu / "possible").write_text("0-5\n")
+    assert Topology.from_sysfs(str(tmp_path)).nodes == {0: [0, 1, 2, 3, 4, 5]}
+    assert parse_cpulist("0,2-3,10-11") == [0, 2, 3, 10, 11]
+    with pytest.raises(ValueError):
+        Topology({0: [0, 1], 1: [1]})
+
+
+def test_machine_topology_covers_online_cpus():
+    topo = Topology.from_sysfs()
+    assert set(topo.cpus()) >= os.sched_getaffinity(0)
