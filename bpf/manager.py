@@ -283,8 +283,7 @@ def _list(mgr: ProbeManager) -> str:
             lines.append(f"{name:<14} {tier:<5} unavailable: {exc}")
             continue
         probe = mgr.probes.get(name) or cls(mgr.selection, mgr.features, mgr.node)
-        why = mgr.features.missing_prerequisite()
-        status = ProbeStatus(UNSUPPORTED, why) if why else probe.choose_attach_points()
+        status = probe.capability()
         lines.append(f"{name:<14} {tier:<5} {status}")
         lines.append(f"{'':<20} signals: {', '.join(cls.signals)}")
         for i, step in enumerate(cls.fallback_order, 1):

@@ -122,6 +122,12 @@ class Probe:
         """Apply a new selection through map updates."""
         self.selection = selection
 
+    def capability(self) -> ProbeStatus:
+        """What this probe could attach to here, without compiling: for listings.
+        Deep probes override it to describe what an on-demand session can use."""
+        why = self.features.missing_prerequisite()
+        return ProbeStatus(UNSUPPORTED, why) if why else self.choose_attach_points()
+
     # --- shared behaviour -------------------------------------------------
     @property
     def source_path(self) -> Path:
@@ -145,7 +151,7 @@ class Probe:
             self.status = status
             return status
         from bcc import BPF  # imported here: listing probes must not need bcc
-        self.bpf = BPF(src_file=str(self.source_path), cflags=self.cflags())
+        self.bpf = BPF(src_file=str(self.source_path).encode(), cflags=self.cflags())
         self.attach()
         self.status = status
         return status

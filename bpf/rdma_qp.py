@@ -184,6 +184,18 @@ class RdmaQp(Probe):
         state = DEGRADED if points else UNSUPPORTED
         return ProbeStatus(state, "; ".join(reasons), points)
 
+    def capability(self) -> ProbeStatus:
+        """Before any session: degraded when uprobes or counters can serve one."""
+        status = super().capability()
+        if status.state != UNSUPPORTED or self.uprobe_targets or not self.features.has_uprobes():
+            return status
+        if self.features.missing_prerequisite():
+            return status
+        reason = status.reason.replace("uprobes: no post/poll symbols given (param 'uprobes')",
+                                       "uprobes: ready for the verbs/NCCL post and poll symbols a policy names")
+        return ProbeStatus(DEGRADED, reason, ["uprobe+uretprobe on demand (library:symbol from the policy)"]
+                           + status.attach_points)
+
     # --- life cycle ------------------------------------------------------------
     def start(self) -> ProbeStatus:
         """As ``Probe.start``, but compiles only when uprobes are used: the

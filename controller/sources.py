@@ -69,11 +69,15 @@ class ReplaySource:
 class ProbeSource:
     name = "probes"
 
-    def __init__(self, manager) -> None:
+    def __init__(self, manager, refresh_every: float = 5.0) -> None:
         self.manager = manager
+        self.refresh_every = refresh_every   # /proc rescans; renames are caught in the kernel meanwhile
+        self._refreshed = float("-inf")
 
     def poll(self, now: float) -> list[tuple[str, dict, float]]:
-        self.manager.refresh_selection()
+        if now - self._refreshed >= self.refresh_every:
+            self.manager.refresh_selection()
+            self._refreshed = now
         self.manager.expire_deep(now)
         return self.manager.collect(now)
 

@@ -20,16 +20,6 @@ from reflexarc.bpf.probe import Selection
 INT3 = 0xCC
 
 
-class ManagerTier(ProbeManager):
-    """ProbeManager plus the session view the actuator reads. ``active_deep`` is
-    the method proposed for bpf/manager.py; once it is there this class goes."""
-
-    def active_deep(self) -> dict:
-        return {key: {"probe": s.probe_name, "expires_at": s.expires, "status": str(s.probe.status),
-                      "events_per_s": getattr(s.probe, "events_per_s", None)}
-                for key, s in self.deep_sessions().items()}
-
-
 class Clock:
     def __init__(self, now: float = 1000.0) -> None:
         self.now = now
@@ -43,7 +33,7 @@ def setup(tmp_path):
     require_bpf()
     verbs = FakeVerbs.build(tmp_path)
     clock = Clock()
-    tier = ManagerTier(Selection(), probes=[], node="n1", clock=clock)
+    tier = ProbeManager(Selection(), probes=[], node="n1", clock=clock)
     yield verbs, clock, tier
     tier.stop()
 
