@@ -2,7 +2,8 @@
 
 Each batch needs ``--batch`` items whose reads take ``--read-ms`` each (real
 blocking reads, see ``slow_reads.py``); the step itself is quick, so the loop
-waits for batches. Every step reports ``dataloader_batch_wait_ms`` and
+waits for batches (the loop runs SCHED_FIFO, as the workers do, so a busy
+machine does not hide the wait). Every step reports ``dataloader_batch_wait_ms`` and
 ``step_time_ms`` through the hooks and reaches a step boundary. The handler
 ``dataloader.prefetch`` is registered (its preview describes the change) so the
 starvation policy can plan it.
@@ -31,9 +32,12 @@ def main() -> int:
     ap.add_argument("--job", required=True)
     ap.add_argument("--hook-dir", required=True)
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--read-ms", type=float, default=2.0)
+    ap.add_argument("--read-ms", type=float, default=4.0)
     ap.add_argument("--batch", type=int, default=32)
     args = ap.parse_args()
+    # The loop must be starved by reads, not by a busy test box: run it at the
+    # workers' real-time priority so it takes each batch the moment it is ready.
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
     prefetch = {"factor": 2}
     with Hooks.start(job=args.job, rank=0, hook_dir=args.hook_dir) as hooks:
         @hooks.handler("dataloader.prefetch", undo=lambda **kw: prefetch.update(factor=2),
