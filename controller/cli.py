@@ -250,11 +250,19 @@ def cmd_act(args) -> int:
     from reflexarc.actuators.registry import build_registry
     from .clock import WallClock
     from .executor import Executor
-    registry = build_registry(_actuator_config(args))
+    config = _actuator_config(args)
+    if args.actuator == "deep_tracing":       # a deep tier to plan against (no probe loads in dry-run)
+        from reflexarc.bpf.manager import ProbeManager
+        from reflexarc.bpf.probe import Selection
+        config.deep_tier = ProbeManager(Selection(), probes=[])
+    registry = build_registry(config)
     if args.actuator not in registry:
         from .signals import suggest
         hint = suggest(args.actuator, registry.names())
         raise CliError(f"unknown actuator '{args.actuator}'" + (f"; did you mean '{hint}'?" if hint else ""))
+    if args.actuator == "deep_tracing" and args.mode == "enforce":
+        raise CliError("deep tracing lives as long as the controller that switched it on: "
+                       "let a policy switch it (reflexarc run), or plan it here with --mode dry-run")
     spec = registry.spec(args.actuator)
     params = {}
     for item in args.params:
