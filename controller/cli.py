@@ -4,7 +4,8 @@
     reflexarc simulate --list | SCENARIO     run a scenario in simulated time, write audit + report
     reflexarc test-policies FILE|DIR...      policy unit tests (scenario + expected actions)
     reflexarc report AUDIT --out DIR         HTML/JSON/Markdown report of an audit log
-    reflexarc run [--policy P] [--mode M]    the controller on live probes (default dry-run)
+    reflexarc run [--policy P] [--mode M]    the controller on live probes (default dry-run;
+                                             --mode policy honours each file's mode)
     reflexarc probes [--dump-bpf]            each probe's tier, status and attach points
     reflexarc top                            live signals per target
     reflexarc act ACTUATOR key=value...      one actuator by hand, through plan/diff/journal
@@ -168,7 +169,8 @@ def cmd_run(args) -> int:
         sources.append(ProbeSource(manager))
     journal = _journal(args, clock)
     audit_path = Path(args.audit or Path(args.state_dir) / "audit.jsonl")
-    ctl = Controller(policies, SignalBus(), build_registry(config), clock, mode_override=args.mode,
+    override = None if args.mode == "policy" else args.mode
+    ctl = Controller(policies, SignalBus(), build_registry(config), clock, mode_override=override,
                      journal=journal, audit=AuditLog(audit_path, clock, evals="changes"),
                      limits=LimitSettings(args.kill_switch, args.max_active, args.actions_per_hour))
     ctl.start(source="live")
@@ -386,7 +388,9 @@ def build_parser() -> Parser:
         s.add_argument("--job", default="", help="job label attached to probe signals")
         s.add_argument("--interval", type=float, default=1.0)
         if name == "run":
-            s.add_argument("--mode", choices=MODES, help="overrides every policy's mode")
+            s.add_argument("--mode", choices=MODES + ("policy",), default="dry-run",
+                           help="overrides every policy's mode (default %(default)s: nothing is changed "
+                                "unless asked); 'policy' honours each file's own mode")
             s.add_argument("--duration", type=float, help="stop after this many seconds")
             s.add_argument("--replay", help="also replay signals from a JSONL file")
             s.add_argument("--no-probes", action="store_true", help="do not load the bcc probes")

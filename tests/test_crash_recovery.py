@@ -55,7 +55,7 @@ def setup(tmp: Path, on_restart: str):
 def start_and_kill(tmp: Path, base: list[str]) -> None:
     journal = tmp / "state" / "journal.jsonl"
     ctl = subprocess.Popen(base + ["run", "--no-probes", "--replay", str(tmp / "signals.jsonl"),
-                                   "--policy", str(tmp / "policy.yaml"), "--interval", "0.1",
+                                   "--policy", str(tmp / "policy.yaml"), "--interval", "0.1", "--mode", "policy",
                                    "--kill-switch", str(tmp / "disable")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -119,3 +119,15 @@ def test_fault_injection_after_apply_then_rollback_all(tmp_path):
     assert rb.returncode == 0, rb.stderr
     assert "reverted" in rb.stdout
     assert knob.read_text().strip() == "1"
+
+
+def test_run_defaults_to_dry_run_even_for_an_enforce_policy(tmp_path):
+    knob, base = setup(tmp_path, "revert")
+    r = subprocess.run(base + ["run", "--no-probes", "--replay", str(tmp_path / "signals.jsonl"),
+                               "--policy", str(tmp_path / "policy.yaml"), "--interval", "0.2", "--duration", "3",
+                               "--kill-switch", str(tmp_path / "disable")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert knob.read_text().strip() == "1"
+    audit = [json.loads(x) for x in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
+    assert [a["outcome"] for a in audit if a["kind"] == "action"] == ["planned"]
