@@ -130,14 +130,21 @@ def cmd_report(args) -> int:
 
 
 def _selection(policies, job: str):
+    """What the probes watch: the union of the policies' selectors. A cgroup
+    (v2) is selected by its id, the inode number of its directory."""
     from reflexarc.bpf.probe import Selection
-    comms, pids, ports = set(), set(), set()
+    comms, pids, ports, cgroups = set(), set(), set(), set()
     for p in policies:
         comms.update(p.selector.processes)
         pids.update(p.selector.pids)
         ports.update(tuple(r) for r in p.selector.ports)
+        if p.selector.cgroup:
+            try:
+                cgroups.add(os.stat(p.selector.cgroup).st_ino)
+            except OSError as exc:
+                raise CliError(f"policy {p.name}: cgroup {p.selector.cgroup}: {exc.strerror}") from None
     return Selection(comms=tuple(sorted(comms)) or ("pt_data_worker",), pids=tuple(sorted(pids)),
-                     ports=tuple(sorted(ports)), job=job)
+                     cgroup_ids=tuple(sorted(cgroups)), ports=tuple(sorted(ports)), job=job)
 
 
 def cmd_run(args) -> int:
