@@ -13,17 +13,16 @@
  * total and the small-I/O share is read from its power-of-two slots, so the
  * threshold is a loader parameter, not a compile-time constant.
  *
- * Histogram slots are log-linear: values below 4 have their own slot, above that
- * four sub-slots per power of two (<= 25 % wide), HIST_SLOTS in all (the Python
- * mirror is bpf/loghist.py). Size slots are floor(log2 bytes).
+ * Latency slots are log-linear (hist_slot in reflexarc_common.h), HIST_SLOTS in
+ * all; size slots are floor(log2 bytes).
  *
  * cflags: -DMAX_DEVS -DMAX_INFLIGHT -DHIST_SLOTS -DISSUE_TP=... -DDONE_TP=...
  */
 #include <uapi/linux/ptrace.h>
+#include "reflexarc_common.h"
 
 struct rq_key { u32 dev; u32 pad; u64 sector; };
 struct rq_val { u64 ts; u32 bytes; u32 pad; };
-struct hist_key { u32 id; u32 slot; };
 
 BPF_TABLE("lru_hash", struct rq_key, struct rq_val, issued, MAX_INFLIGHT);
 BPF_HASH(lat_hist, struct hist_key, u64, MAX_DEVS * 64);
@@ -31,15 +30,6 @@ BPF_HASH(size_hist, struct hist_key, u64, MAX_DEVS * 33);
 
 #define TP_ARGS_(event) struct tracepoint__block__##event
 #define TP_ARGS(event) TP_ARGS_(event)
-
-static __always_inline u32 hist_slot(u64 v)
-{
-    if (v < 4)
-        return v;
-    u32 e = bpf_log2l(v) - 1;             /* bcc's bpf_log2l is floor(log2 v) + 1 */
-    u32 slot = 4 * (e - 1) + ((v >> (e - 2)) & 3);
-    return slot < HIST_SLOTS ? slot : HIST_SLOTS - 1;
-}
 
 int on_issue(TP_ARGS(ISSUE_TP) *args)
 {

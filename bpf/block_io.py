@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .loghist import SLOTS, quantiles
-from .maps import RunningTotals, drain
+from .maps import RunningTotals, drain, drain_hists
 from .probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
 
 SMALL_IO_BYTES = 128 * 1024
@@ -107,9 +107,7 @@ class BlockIo(Probe):
     def collect(self, now: float) -> list[tuple[str, dict, float]]:
         if self.bpf is None:
             return []
-        lat: dict[int, dict[int, int]] = defaultdict(dict)
-        for key, n in drain(self.bpf[b"lat_hist"]):
-            lat[key.id][key.slot] = n
+        lat = drain_hists(self.bpf[b"lat_hist"])
         total: dict[int, int] = defaultdict(int)
         small: dict[int, int] = defaultdict(int)
         for key, n in drain(self.bpf[b"size_hist"]):

@@ -17,73 +17,24 @@
  * Selection (map updates, no recompile): sel_mode[0] == 0 watches every process;
  * otherwise a task is selected when its tgid is in sel_pid or, with SEL_CGROUPS
  * set, its cgroup id in sel_cgroup. Names (sel_comm) are resolved to tgids by
- * the loader's /proc scan and by on_rename below, never per event. Only the
- * submitting/reading side is filtered; completions are matched by key.
+ * the loader's /proc scan and by on_rename (reflexarc_common.h), never per
+ * event. Only the submitting/reading side is filtered; completions are matched
+ * by key.
  *
- * Histogram slots are log-linear: values below 4 have their own slot, above that
- * four sub-slots per power of two (<= 25 % wide), HIST_SLOTS in all (the Python
- * mirror is bpf/loghist.py).
+ * Histogram slots are log-linear (hist_slot in reflexarc_common.h), HIST_SLOTS
+ * in all.
  *
  * cflags: -DMAX_SELECTED -DMAX_PIDS -DMAX_THREADS -DMAX_INFLIGHT -DHIST_SLOTS
  *         [-DREAD_SYSCALLS] [-DURING_SUBMIT_REQ | -DURING_SUBMIT_SQE]
  */
 #include <uapi/linux/ptrace.h>
 
-struct comm_key { char comm[16]; };
-struct hist_key { u32 id; u32 slot; };
+#define WITH_SELECTION
+#include "reflexarc_common.h"
+
 struct inflight { u64 ts; u32 tgid; u32 pad; };
 
-BPF_ARRAY(sel_mode, u32, 1);
-BPF_HASH(sel_pid, u32, u8, MAX_SELECTED);
-BPF_HASH(sel_comm, struct comm_key, u8, MAX_SELECTED);
-BPF_HASH(sel_cgroup, u64, u8, MAX_SELECTED);
-
 BPF_HASH(lat_hist, struct hist_key, u64, MAX_PIDS * 32);
-
-static __always_inline u32 hist_slot(u64 v)
-{
-    if (v < 4)
-        return v;
-    u32 e = bpf_log2l(v) - 1;             /* bcc's bpf_log2l is floor(log2 v) + 1 */
-    u32 slot = 4 * (e - 1) + ((v >> (e - 2)) & 3);
-    return slot < HIST_SLOTS ? slot : HIST_SLOTS - 1;
-}
-
-#define SEL_FILTER 1
-#define SEL_CGROUPS 2
-
-static __always_inline int selected(u32 tgid)
-{
-    u32 zero = 0;
-    u32 *mode = sel_mode.lookup(&zero);
-    if (!mode || !(*mode & SEL_FILTER))
-        return 1;
-    if (sel_pid.lookup(&tgid))
-        return 1;
-    if (!(*mode & SEL_CGROUPS))
-        return 0;
-    u64 cg = bpf_get_current_cgroup_id();
-    return sel_cgroup.lookup(&cg) != 0;
-}
-
-/* task:task_rename, in the renamed task for prctl(PR_SET_NAME) and exec: a
- * process whose main thread names itself as a selected comm joins sel_pid at
- * once. Other threads' names, and renames of another task (writes to
- * /proc/<pid>/comm), are left to the loader's scan of process names. */
-int on_rename(struct tracepoint__task__task_rename *args)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    if (args->pid != (u32)id || (u32)id != (u32)(id >> 32))
-        return 0;
-    struct comm_key ck = {};
-    bpf_probe_read_kernel_str(&ck.comm, sizeof(ck.comm), args->newcomm);
-    if (!sel_comm.lookup(&ck))
-        return 0;
-    u32 tgid = id >> 32;
-    u8 one = 1;
-    sel_pid.update(&tgid, &one);
-    return 0;
-}
 
 static __always_inline void record(u32 tgid, u64 delta_ns)
 {

@@ -36,10 +36,8 @@ there). Collect: one batched map read.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 from .loghist import SLOTS, quantiles
-from .maps import RunningTotals, drain, sync_selection
+from .maps import RunningTotals, drain_hists, sync_selection
 from .probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
 from .tasks import ProcTasks
 
@@ -152,10 +150,9 @@ class DataloaderIo(Probe):
     def collect(self, now: float) -> list[tuple[str, dict, float]]:
         if self.bpf is None:
             return []
-        hists: dict[int, dict[int, int]] = defaultdict(dict)
-        for key, n in drain(self.bpf[b"lat_hist"]):
-            hists[key.id][key.slot] = n
-            self.totals.add(key.id, n)
+        hists = drain_hists(self.bpf[b"lat_hist"])
+        for pid, hist in hists.items():
+            self.totals.add(pid, sum(hist.values()))
 
         out: list[tuple[str, dict, float]] = []
         for pid, hist in sorted(hists.items()):

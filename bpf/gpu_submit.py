@@ -28,10 +28,8 @@ per syscall shared with the other syscall probes. Collect: two batched map reads
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 from .loghist import SLOTS, quantiles
-from .maps import drain, sync_selection
+from .maps import drain, drain_hists, sync_selection
 from .probe import OK, UNSUPPORTED, Probe, ProbeStatus, Selection
 
 NVIDIA_IOCTL_TYPE = 0x46  # 'F'
@@ -77,9 +75,7 @@ class GpuSubmit(Probe):
         if self.bpf is None:
             return []
         counts = dict(drain(self.bpf[b"submits"]))
-        hists: dict[int, dict[int, int]] = defaultdict(dict)
-        for k, v in drain(self.bpf[b"gap_hist"]):
-            hists[k.id][k.slot] = v
+        hists = drain_hists(self.bpf[b"gap_hist"])
         interval = None if self._last_collect is None else now - self._last_collect
         self._last_collect = now
 

@@ -2,35 +2,40 @@
 into the kernel's selection maps, reading and resetting aggregate maps, and
 turning per-interval counts into running (monotonic) counters.
 
-Selection map convention (the C side declares them with these names)::
+Selection map convention (declared in ``reflexarc_common.h`` for programs that
+define ``WITH_SELECTION``)::
 
     BPF_ARRAY(sel_mode, u32, 1);                 // 0: every task; else SEL_* bits
     BPF_HASH(sel_pid, u32, u8, N);               // selected tgids
     BPF_HASH(sel_comm, struct comm_key, u8, N);  // names (16 bytes, NUL padded)
     BPF_HASH(sel_cgroup, u64, u8, N);            // cgroup v2 ids
 
-A program may test ``sel_comm`` per event (simple, one name fetch and lookup
-more per hit), or, on hot paths (every syscall or context switch on the node),
-test only ``sel_pid``, plus ``sel_cgroup`` when ``SEL_CGROUPS`` is set, and
-leave names to ``sync_selection(..., procs)``, which resolves them to processes
-from /proc, and to a ``task:task_rename`` program that adds the tgid of a main
-thread naming itself (prctl, exec) as a selected comm. That way a comm selects
-the processes of that name, which is how DataLoader workers (every thread
-``pt_data_worker``) are found.
+A program may test ``sel_comm`` per event (``SEL_COMM_PER_EVENT``: simple, one
+name fetch and lookup more per hit), or, on hot paths (every syscall or context
+switch on the node), test only ``sel_pid``, plus ``sel_cgroup`` when
+``SEL_CGROUPS`` is set, and leave names to ``sync_selection(..., procs)``,
+which resolves them to processes from /proc, and to a ``task:task_rename``
+program (``on_rename``) that adds the tgid of a main thread naming itself
+(prctl, exec) as a selected comm. That way a comm selects the processes of that
+name, which is how DataLoader workers (every thread ``pt_data_worker``) are
+found.
 
 Example::
 
     sync_selection(probe.bpf, Selection(comms=("pt_data_worker",)), ProcTasks())
     for key, value in drain(probe.bpf[b"reads"]):
         totals.add(key, value)
+    for pid, hist in drain_hists(probe.bpf[b"lat_hist"]).items():
+        print(pid, quantiles(hist))      # hist: {slot: count}, see loghist.py
 
 Overhead: a /proc scan (one comm file per process) when the selection names
 comms, and one map update per added/removed entry; ``drain`` is one batched
-lookup-and-delete syscall per map per interval.
+lookup-and-delete syscall per map per interval (``drain_hists`` too).
 """
 from __future__ import annotations
 
 import ctypes as ct
+from collections import defaultdict
 from collections.abc import Hashable, Iterable
 
 from .probe import Selection
@@ -44,7 +49,7 @@ def comm_bytes(comm: str) -> bytes:
     return comm.encode()[:COMM_LEN - 1]
 
 
-SEL_FILTER = 1    # sel_mode bits: a selection is in force
+SEL_FILTER = 1    # sel_mode bits (as in reflexarc_common.h): a selection is in force
 SEL_CGROUPS = 2   # ... and it names cgroups (the hot path reads the cgroup id)
 
 
@@ -108,6 +113,15 @@ def drain(table) -> list[tuple]:
             except KeyError:
                 pass
     return [(_plain(k), _plain(v)) for k, v in items]
+
+
+def drain_hists(table) -> dict[int, dict[int, int]]:
+    """Read and delete a map keyed by ``struct hist_key`` (reflexarc_common.h):
+    one histogram ``{slot: count}`` per id."""
+    hists: dict[int, dict[int, int]] = defaultdict(dict)
+    for key, n in drain(table):
+        hists[key.id][key.slot] = n
+    return dict(hists)
 
 
 def _plain(obj):

@@ -14,7 +14,8 @@
  * selection changes. Both tracepoints fire in the context of whatever network
  * namespace owns the socket; BPF sees all of them.
  *
- * Histogram slots are log-linear (see gpu_submit.bpf.c), HIST_SLOTS in all.
+ * Histogram slots are log-linear (hist_slot in reflexarc_common.h), HIST_SLOTS
+ * in all.
  *
  * cflags: -DMAX_FLOWS -DHIST_SLOTS -DWITH_SRTT (0 when the kernel lacks tcp_probe)
  *         -DRETRANS_HAS_ERR (1 when tcp_retransmit_skb carries the err field: since
@@ -22,6 +23,7 @@
  *         counters skip)
  */
 #include <uapi/linux/ptrace.h>
+#include "reflexarc_common.h"
 
 #define AF_INET_ 2
 #define AF_INET6_ 10
@@ -45,15 +47,6 @@ BPF_TABLE("lru_hash", struct flow_key, u64, retrans, MAX_FLOWS);
 #if WITH_SRTT
 BPF_HASH(srtt_hist, struct flow_hist_key, u64, MAX_FLOWS * 16);
 #endif
-
-static __always_inline u32 hist_slot(u64 v)
-{
-    if (v < 4)
-        return v;
-    u32 e = bpf_log2l(v) - 1;             /* bcc's bpf_log2l is floor(log2 v) + 1 */
-    u32 slot = 4 * (e - 1) + ((v >> (e - 2)) & 3);
-    return slot < HIST_SLOTS ? slot : HIST_SLOTS - 1;
-}
 
 static __always_inline int port_selected(u16 port)
 {

@@ -3,10 +3,15 @@ fallback, status, compile-once, interval collection into signals.
 
 Each probe is ``bpf/<name>.bpf.c`` beside its loader ``bpf/<name>.py``; the loader
 subclasses ``Probe``. Parameters reach the C through ``cflags`` (``-DNAME=value``),
-never by splicing text. A probe compiles once in ``start()``, aggregates in the
-kernel, and ``collect(now)`` reads (and resets) its maps once per interval,
-returning plain ``(signal_name, labels, value)`` tuples: this layer does not know
-the controller; the controller stamps and publishes them.
+never by splicing text. The C the programs share is ``bpf/reflexarc_common.h``;
+``final_source()`` inlines it where a program includes it (bcc rewrites map
+calls and tracepoint arguments only in the file it compiles, so a header found
+through ``-I`` would not compile), with ``#line`` markers that keep compiler
+messages pointing at the real file and line. A probe compiles once in
+``start()``, aggregates in the kernel, and ``collect(now)`` reads (and resets)
+its maps once per interval, returning plain ``(signal_name, labels, value)``
+tuples: this layer does not know the controller; the controller stamps and
+publishes them.
 
 Example::
 
@@ -22,10 +27,14 @@ one map walk per interval.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+# A program's own headers: #include "name.h", looked up in this folder.
+LOCAL_INCLUDE = re.compile(r'^#include "([^"/]+)"[ \t]*$', re.MULTILINE)
 
 OK, DEGRADED, UNSUPPORTED, STOPPED = "ok", "degraded", "unsupported", "stopped"
 
@@ -136,10 +145,30 @@ class Probe:
     def c_source(self) -> str:
         return self.source_path.read_text()
 
+    def final_source(self) -> str:
+        """The C handed to the compiler: the program with each ``#include "x.h"``
+        of a header in this folder replaced by the header's text."""
+        source, path = self.c_source(), self.source_path
+
+        def inline(match: re.Match) -> str:
+            header = HERE / match.group(1)
+            if not header.is_file():
+                return match.group(0)
+            after = source.count("\n", 0, match.start()) + 2
+            return f'#line 1 "{header}"\n{header.read_text()}#line {after} "{path}"'
+
+        return LOCAL_INCLUDE.sub(inline, source)
+
+    def compile(self):
+        """A loaded ``bcc.BPF`` of ``final_source()`` with the cflags."""
+        from bcc import BPF  # imported here: listing probes must not need bcc
+        return BPF(text=self.final_source().encode(), cflags=self.cflags())
+
     def dump_bpf(self) -> str:
-        """The final C as the compiler sees it: the cflags, then the source."""
+        """The final C as the compiler sees it: the cflags, then the source with
+        its headers inlined."""
         flags = "\n".join(f"// cflag: {f}" for f in self.cflags())
-        return f"// probe: {self.name}\n{flags}\n{self.c_source()}"
+        return f"// probe: {self.name}\n{flags}\n{self.final_source()}"
 
     def start(self) -> ProbeStatus:
         why = self.features.missing_prerequisite()
@@ -150,8 +179,7 @@ class Probe:
         if status.state == UNSUPPORTED:
             self.status = status
             return status
-        from bcc import BPF  # imported here: listing probes must not need bcc
-        self.bpf = BPF(src_file=str(self.source_path).encode(), cflags=self.cflags())
+        self.bpf = self.compile()
         self.attach()
         self.status = status
         return status

@@ -15,7 +15,8 @@
  *
  * Only user memory is read, at offsets of the libibverbs ABI given as cflags;
  * never a kernel structure. The loader reads and deletes lat_hist per interval.
- * Histogram slots are log-linear (see gpu_submit.bpf.c), HIST_SLOTS in all.
+ * Histogram slots are log-linear (hist_slot in reflexarc_common.h), HIST_SLOTS
+ * in all.
  *
  * cflags: -DMAX_INFLIGHT -DMAX_QPS -DMAX_WC -DMAX_WR_CHAIN -DHIST_SLOTS
  *         -DQP_CONTEXT_OFF -DQP_NUM_OFF -DCQ_CONTEXT_OFF -DCTX_DEVICE_OFF
@@ -23,6 +24,7 @@
  *         -DWC_STATUS_OFF -DWC_QP_NUM_OFF
  */
 #include <uapi/linux/ptrace.h>
+#include "reflexarc_common.h"
 
 #define DEV_NAME_LEN 32
 
@@ -59,15 +61,6 @@ BPF_TABLE("lru_hash", struct ctx_key, struct dev_name, ctx_name, MAX_QPS);
 BPF_TABLE("lru_hash", u32, struct poll_args, polls, 4096);   /* a thread killed mid-poll ages out */
 BPF_HASH(lat_hist, struct qp_hist_key, u64, MAX_QPS * 64);
 BPF_PERCPU_ARRAY(events, u64, 1);
-
-static __always_inline u32 hist_slot(u64 v)
-{
-    if (v < 4)
-        return v;
-    u32 e = bpf_log2l(v) - 1;             /* bcc's bpf_log2l is floor(log2 v) + 1 */
-    u32 slot = 4 * (e - 1) + ((v >> (e - 2)) & 3);
-    return slot < HIST_SLOTS ? slot : HIST_SLOTS - 1;
-}
 
 static __always_inline void count_event(void)
 {

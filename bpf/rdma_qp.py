@@ -206,8 +206,7 @@ class RdmaQp(Probe):
             return self.status
         status = self.choose_attach_points()
         if status.state != UNSUPPORTED and self._paths:
-            from bcc import BPF
-            self.bpf = BPF(src_file=str(self.source_path).encode(), cflags=self.cflags())
+            self.bpf = self.compile()
             self.attach()
         self._last_events = None
         self.events_per_s = None

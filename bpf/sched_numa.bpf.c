@@ -10,7 +10,8 @@
  * selection change takes effect within one scheduling period per thread. The
  * loader also writes the threads of selected pids at once, and
  * sched_process_exit removes exiting threads. Names (sel_comm) are resolved to
- * tgids by the loader's /proc scan and by on_rename below, never per event.
+ * tgids by the loader's /proc scan and by on_rename (reflexarc_common.h), never
+ * per event.
  *
  *   sched:sched_migrate_task  watched tid: migrations[tgid].all += 1, and
  *                             .cross += 1 when cpu_node[orig] != cpu_node[dest]
@@ -23,77 +24,27 @@
  * cpu_node is written by the loader from bpf/topology.py (map update, no
  * recompile); -1 marks an unknown CPU, never counted as a crossing.
  *
- * Histogram slots are log-linear: values below 4 have their own slot, above that
- * four sub-slots per power of two (<= 25 % wide), HIST_SLOTS in all (the Python
- * mirror is bpf/loghist.py).
+ * Histogram slots are log-linear (hist_slot in reflexarc_common.h), HIST_SLOTS
+ * in all.
  *
  * cflags: -DMAX_SELECTED -DMAX_PIDS -DMAX_THREADS -DMAX_CPUS -DHIST_SLOTS
  */
 #include <uapi/linux/ptrace.h>
 
+#define WITH_SELECTION
+#include "reflexarc_common.h"
+
 /* sched_switch reports a preempted task as TASK_REPORT_MAX (0x100 since 4.14,
  * above every sleeping state bit) and a task that yielded as 0. */
 #define SLEEP_STATE_BITS 0xff
 
-struct comm_key { char comm[16]; };
-struct hist_key { u32 id; u32 slot; };
 struct mig { u64 all; u64 cross; };
-
-BPF_ARRAY(sel_mode, u32, 1);
-BPF_HASH(sel_pid, u32, u8, MAX_SELECTED);
-BPF_HASH(sel_comm, struct comm_key, u8, MAX_SELECTED);
-BPF_HASH(sel_cgroup, u64, u8, MAX_SELECTED);
 
 BPF_TABLE("lru_hash", u32, u32, tasks, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, u64, queued_at, MAX_THREADS);
 BPF_ARRAY(cpu_node, s32, MAX_CPUS);
 BPF_HASH(migrations, u32, struct mig, MAX_PIDS);
 BPF_HASH(runq_hist, struct hist_key, u64, MAX_PIDS * 32);
-
-static __always_inline u32 hist_slot(u64 v)
-{
-    if (v < 4)
-        return v;
-    u32 e = bpf_log2l(v) - 1;             /* bcc's bpf_log2l is floor(log2 v) + 1 */
-    u32 slot = 4 * (e - 1) + ((v >> (e - 2)) & 3);
-    return slot < HIST_SLOTS ? slot : HIST_SLOTS - 1;
-}
-
-#define SEL_FILTER 1
-#define SEL_CGROUPS 2
-
-static __always_inline int selected(u32 tgid)
-{
-    u32 zero = 0;
-    u32 *mode = sel_mode.lookup(&zero);
-    if (!mode || !(*mode & SEL_FILTER))
-        return 1;
-    if (sel_pid.lookup(&tgid))
-        return 1;
-    if (!(*mode & SEL_CGROUPS))
-        return 0;
-    u64 cg = bpf_get_current_cgroup_id();
-    return sel_cgroup.lookup(&cg) != 0;
-}
-
-/* task:task_rename, in the renamed task for prctl(PR_SET_NAME) and exec: a
- * process whose main thread names itself as a selected comm joins sel_pid at
- * once. Other threads' names, and renames of another task (writes to
- * /proc/<pid>/comm), are left to the loader's scan of process names. */
-int on_rename(struct tracepoint__task__task_rename *args)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    if (args->pid != (u32)id || (u32)id != (u32)(id >> 32))
-        return 0;
-    struct comm_key ck = {};
-    bpf_probe_read_kernel_str(&ck.comm, sizeof(ck.comm), args->newcomm);
-    if (!sel_comm.lookup(&ck))
-        return 0;
-    u32 tgid = id >> 32;
-    u8 one = 1;
-    sel_pid.update(&tgid, &one);
-    return 0;
-}
 
 static __always_inline s32 node_of(int cpu)
 {

@@ -36,10 +36,9 @@ from __future__ import annotations
 
 import ctypes as ct
 import os
-from collections import defaultdict
 
 from .loghist import SLOTS, quantiles
-from .maps import RunningTotals, drain, sync_selection
+from .maps import RunningTotals, drain, drain_hists, sync_selection
 from .probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
 from .tasks import ProcTasks
 from .topology import Topology, parse_cpulist
@@ -148,9 +147,7 @@ class SchedNuma(Probe):
         for pid, m in moved:
             self.migrations.add((pid, "all"), m.all)
             self.migrations.add((pid, "cross"), m.cross)
-        hists: dict[int, dict[int, int]] = defaultdict(dict)
-        for key, n in drain(self.bpf[b"runq_hist"]):
-            hists[key.id][key.slot] = n
+        hists = drain_hists(self.bpf[b"runq_hist"])
 
         out: list[tuple[str, dict, float]] = []
         for (pid, kind), total in self.migrations.items():

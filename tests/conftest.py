@@ -41,6 +41,15 @@ def require_bpf() -> None:
         require(False, f"Debian's bcc Python module ({exc})")
 
 
+def two_node_sys(root: Path) -> Path:
+    """A fixture sysfs with two NUMA nodes, cpu0 on node0 and cpu1 on node1."""
+    for node in (0, 1):
+        d = root / "devices" / "system" / "node" / f"node{node}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(f"{node}\n")
+    return root
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return ROOT

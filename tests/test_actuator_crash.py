@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import require, require_bpf, require_root
+from conftest import require, require_bpf, require_root, two_node_sys
 from netns import NetnsPair
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
@@ -28,14 +28,6 @@ print("ready", flush=True)
 sys.stdin.read()
 stop.set()
 """
-
-
-def two_node_sys(root: Path) -> Path:
-    for node, cpus in ((0, "0"), (1, "1")):
-        d = root / "devices" / "system" / "node" / f"node{node}"
-        d.mkdir(parents=True)
-        (d / "cpulist").write_text(cpus + "\n")
-    return root
 
 
 def allowed(pid: int) -> set[str]:

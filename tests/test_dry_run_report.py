@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import require_bpf
+from conftest import require_bpf, two_node_sys
 from netns import NetnsPair
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
@@ -38,14 +38,6 @@ with Hooks.start(job="dry", rank=0, hook_dir=sys.argv[1]) as hooks:
         hooks.step_boundary()
         time.sleep(0.05)
 """
-
-
-def two_node_sys(root: Path) -> Path:
-    for node, cpus in ((0, "0"), (1, "1")):
-        d = root / "devices" / "system" / "node" / f"node{node}"
-        d.mkdir(parents=True)
-        (d / "cpulist").write_text(cpus + "\n")
-    return root
 
 
 def test_each_actuator_dry_run_diff_is_in_the_report(tmp_path):

@@ -1,9 +1,9 @@
 """dataloader_io probe against a real PyTorch DataLoader and a real io_uring
 workload (fio), plus its fallback choice on a fixture tracefs.
 
-Latency injection is honest: each dataset item is read from a pipe whose
-writer (a separate process) sleeps 2 ms before writing, so the ``read`` syscall
-itself blocks ~2 ms.
+Latency injection is honest: each dataset item (``workloads/slow_reads.py``)
+is read from a pipe whose writer (a separate process) sleeps 2 ms before
+writing, so the ``read`` syscall itself blocks ~2 ms.
 fio is started as ``sh -c 'read go; exec fio ...'`` so its pid is selected
 before its first request; completions run in interrupt context, and must
 still be attributed to fio's pid.
@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import subprocess
-import sys
 import time
 
 from conftest import require, require_bpf
+from workloads.slow_reads import INDEX_READS, PipeDelayDataset
 
 from reflexarc.bpf.dataloader_io import DataloaderIo
 from reflexarc.bpf.probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Selection
@@ -26,57 +25,6 @@ from reflexarc.controller.signals import CATALOGUE
 
 DELAY_S = 0.002
 ITEMS = 400
-INDEX_READS = 4      # small page-cache reads per item before its payload
-
-
-FEEDER = r"""
-import os, sys, time
-delay, chunk = float(sys.argv[1]), b"x" * 4096
-os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
-os.write(1, b"!")               # ready
-while os.read(0, 1):            # one request byte per item
-    time.sleep(delay)
-    os.write(1, chunk)          # <= PIPE_BUF: arrives in one piece
-"""
-
-
-class PipeDelayDataset:
-    """Item i: its index entries (``INDEX_READS`` small reads of a local file)
-    then a 4 KiB payload read from a pipe fed by a separate feeder process that
-    sleeps ``delay`` before each write, so slow storage is one read in several,
-    as in a real loader. The feeder has its own interpreter, so the delay is not
-    stretched by the worker's GIL. Feeder and worker run SCHED_FIFO: on a busy
-    2-core test box a woken normal task can wait several ms for a CPU, and the
-    test is about the probe's accuracy, not the box's load."""
-
-    def __init__(self, n: int, delay: float, index_path: str) -> None:
-        self.n, self.delay, self.index_path = n, delay, index_path
-        self._feeder = None
-        self._index = None
-        self._owner = None
-
-    def __len__(self) -> int:
-        return self.n
-
-    def _pipe(self):
-        if self._owner != os.getpid():    # first item in this worker process
-            self._feeder = subprocess.Popen([sys.executable, "-c", FEEDER, str(self.delay)],
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-            self._owner = os.getpid()
-            self._index = os.open(self.index_path, os.O_RDONLY)
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
-            # Wait for the feeder's start-up in select, not in a timed read.
-            select.select([self._feeder.stdout], [], [])
-            os.read(self._feeder.stdout.fileno(), 1)
-        return self._feeder
-
-    def __getitem__(self, i: int) -> int:
-        feeder = self._pipe()
-        for k in range(INDEX_READS):
-            os.pread(self._index, 64, (i * INDEX_READS + k) * 64 % 4096)
-        feeder.stdin.write(b"r")
-        data = os.read(feeder.stdout.fileno(), 4096)   # blocks until the feeder writes
-        return len(data)
 
 
 def as_list(batch: list[int]) -> list[int]:
