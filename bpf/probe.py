@@ -80,9 +80,6 @@ class KernelFeatures:
     def has_uprobes(self) -> bool:
         return (self.tracefs / "uprobe_events").exists()
 
-    def has_btf(self) -> bool:
-        return (self.sysfs / "kernel" / "btf" / "vmlinux").exists()
-
     def missing_prerequisite(self) -> str | None:
         """Why no probe can load at all, or None."""
         if os.geteuid() != 0:

@@ -19,7 +19,6 @@ import re
 import threading
 from typing import Iterator
 
-from .signals import Sample
 
 
 def label_key(labels: dict) -> tuple:
@@ -73,16 +72,12 @@ class _Series:
         hi = len(self.ts) if until is None else bisect.bisect_right(self.ts, until, lo)
         return list(zip(self.ts[lo:hi], self.vs[lo:hi]))
 
-    def last(self) -> tuple[float, float] | None:
-        return (self.ts[-1], self.vs[-1]) if len(self.ts) > self.head else None
-
 
 class SignalBus:
     def __init__(self, retention: float = 900.0) -> None:
         self.retention = retention
         self._series: dict[str, dict[tuple, _Series]] = {}
         self._lock = threading.Lock()
-        self.published = 0
 
     def publish(self, name: str, labels: dict, value: float, ts: float) -> None:
         labels = {str(k): str(v) for k, v in labels.items()}
@@ -93,10 +88,6 @@ class SignalBus:
             if series is None:
                 series = by_name[key] = _Series()
             series.append(ts, float(value), ts - self.retention)
-            self.published += 1
-
-    def publish_sample(self, sample: Sample) -> None:
-        self.publish(sample.name, sample.labels, sample.value, sample.ts)
 
     def select(self, name: str, matchers: dict | Matcher | None, since: float,
                until: float | None = None) -> Iterator[tuple[dict, list[tuple[float, float]]]]:
@@ -112,18 +103,3 @@ class SignalBus:
                     if points:
                         out.append((labels, points))
         yield from out
-
-    def names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._series)
-
-    def latest(self) -> list[Sample]:
-        """The newest sample of every series (for ``reflexarc top`` and exporters)."""
-        out = []
-        with self._lock:
-            for name, series in self._series.items():
-                for key, s in series.items():
-                    last = s.last()
-                    if last:
-                        out.append(Sample(name, dict(key), last[1], last[0]))
-        return out

@@ -6,7 +6,7 @@ runs a 10-minute scenario in milliseconds and a node in real time.
 Example::
 
     clock = SimClock(start=0.0)
-    clock.advance(1.5)
+    clock.set(1.5)
     assert clock.now() == 1.5
 
 Overhead: one attribute read (SimClock) or one ``time.time()`` call (WallClock).
@@ -38,9 +38,6 @@ class SimClock:
 
     def set(self, t: float) -> None:
         self._now = float(t)
-
-    def advance(self, seconds: float) -> None:
-        self._now += seconds
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:

@@ -9,7 +9,7 @@ Example::
     ctl = Controller(policies, bus, registry, SimClock(), journal=None, audit=AuditLog(None, clock))
     ctl.start()                 # reconciles what a previous run left applied
     for t in range(600):
-        clock.advance(1); ctl.tick()
+        clock.set(t); ctl.tick()
     ctl.shutdown()              # reverts what rules roll back on shutdown
 
 Overhead: per tick, one evaluation per (rule, target); see ``lifecycle.py``.

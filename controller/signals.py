@@ -5,8 +5,8 @@ framework hooks, PromQL queries) publish samples of catalogued signals onto the 
 
 Example::
 
-    spec = lookup("dataloader_read_latency_us")   # SignalSpec(unit="us", ...)
-    lookup("dataloader_read_latency")              # raises UnknownSignal, did you mean ...
+    CATALOGUE["dataloader_read_latency_us"].unit     # "us"
+    suggest("dataloader_read_latency", CATALOGUE)    # "dataloader_read_latency_us"
 
 Overhead: dictionary look-ups only.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -24,13 +23,6 @@ class SignalSpec:
     labels: tuple[str, ...]
     kind: str  # "gauge" (a level) or "counter" (monotonic total)
     help: str
-
-
-class Sample(NamedTuple):
-    name: str
-    labels: dict
-    value: float
-    ts: float
 
 
 def _s(name, unit, labels, kind, help_):
@@ -90,10 +82,3 @@ def suggest(word: str, choices) -> str | None:
     """Closest choice to ``word``, or None."""
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return match[0] if match else None
-
-
-def lookup(name: str) -> SignalSpec:
-    try:
-        return CATALOGUE[name]
-    except KeyError:
-        raise UnknownSignal(name) from None
