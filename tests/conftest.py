@@ -21,7 +21,7 @@ def require(ok: bool, capability: str) -> None:
     if ok:
         return
     if os.environ.get("REFLEXARC_ALLOW_SKIP") == "1":
-        pytest.skip(f"missing capability: {capability}")
+        pytest.skip(f"missing capability: {capability} (skipped: REFLEXARC_ALLOW_SKIP=1)")
     pytest.fail(f"missing capability: {capability} (set REFLEXARC_ALLOW_SKIP=1 to skip instead)")
 
 
