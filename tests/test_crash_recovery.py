@@ -131,3 +131,35 @@ def test_run_defaults_to_dry_run_even_for_an_enforce_policy(tmp_path):
     assert knob.read_text().strip() == "1"
     audit = [json.loads(x) for x in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
     assert [a["outcome"] for a in audit if a["kind"] == "action"] == ["planned"]
+
+
+def test_metrics_endpoint_exports_rule_state_and_would_have_acted(tmp_path):
+    """``run --metrics-port`` serves Prometheus text: the lifecycle state as an
+    Enum and the would-have-acted counter of a dry-run."""
+    import socket
+    import urllib.request
+    knob, base = setup(tmp_path, "revert")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctl = subprocess.Popen(base + ["run", "--no-probes", "--replay", str(tmp_path / "signals.jsonl"),
+                                   "--policy", str(tmp_path / "policy.yaml"), "--interval", "0.2",
+                                   "--duration", "30", "--metrics-port", str(port),
+                                   "--kill-switch", str(tmp_path / "disable")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        text = ""
+        while time.monotonic() < deadline and "reflexarc_would_have_acted_total{" not in text:
+            time.sleep(0.3)
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                continue
+    finally:
+        ctl.send_signal(signal.SIGTERM)
+        ctl.communicate(timeout=30)
+    assert 'reflexarc_would_have_acted_total{actuator="sysctl",policy="crash-test",rule="slow-steps"} 1.0' in text
+    assert ('reflexarc_rule_state{policy="crash-test",reflexarc_rule_state="remediated",rule="slow-steps",'
+            'target="rank=0"} 1.0') in text
+    assert knob.read_text().strip() == "1"
