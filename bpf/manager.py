@@ -15,6 +15,7 @@ Example::
     mgr.start()                                   # {"dataloader_io": ok, ...}
     for batch in mgr.run(should_stop=lambda: False):
         publish(batch)                            # [(signal, labels, value), ...]
+        mgr.events()                              # [{"probe": "sched_numa", "kind": ...}]
     mgr.enable_deep("policy/rdma-slow", "rdma_qp", ttl=60, params={"device": "mlx5_0"})
 
     python -m reflexarc.bpf.manager --list        # probes, tiers, attach points
@@ -170,6 +171,17 @@ class ProbeManager:
                 self._status[f"{s.probe_name}[{key}]"] = ProbeStatus(
                     UNSUPPORTED, f"collect failed: {_describe(exc)}", s.probe.status.attach_points)
         return out
+
+    def events(self) -> list[dict]:
+        """The discrete events (rare, e.g. a cross-NUMA migration) that running
+        probes with ``drain_events`` polled since the last call, each tagged
+        ``"probe": name``, oldest first; they are handed out once."""
+        out: list[dict] = []
+        for probe in self._running():
+            drain_events = getattr(probe, "drain_events", None)
+            if drain_events is not None:
+                out.extend({**event, "probe": probe.name} for event in drain_events())
+        return sorted(out, key=lambda event: event.get("ts_ns", 0))
 
     def run(self, should_stop: Callable[[], bool], refresh_every: float = 5.0) -> Iterator[list[Sample]]:
         """Yield one collected batch per interval until ``should_stop()``; refresh

@@ -64,6 +64,8 @@ CATALOGUE: dict[str, SignalSpec] = {s.name: s for s in (
     _s("mfu_pct", "%", "node job rank", "gauge", "Model FLOPs utilisation"),
     # Controller itself
     _s("deep_probe_events_per_s", "1/s", "node probe", "gauge", "Events handled by the deep probe tier"),
+    _s("probe_events_lost_total", "1", "node probe", "counter",
+       "Discrete probe events dropped because the ring buffer was full"),
 )}
 
 

@@ -1,5 +1,8 @@
 """``reflexarc top``: live signals per target, refreshed each interval, in the
-manner of bcc's interval tools (``biolatency 1``, ``runqlat 1``).
+manner of bcc's interval tools (``biolatency 1``, ``runqlat 1``), followed by
+the most recent discrete probe events (cross-NUMA migrations), e.g.::
+
+    12:00:01 cross-NUMA migration pid=123 tid=124 (pt_data_worker) cpu0/node0 -> cpu1/node1
 
 Example::
 
@@ -11,10 +14,12 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 
 from .signals import CATALOGUE
 
 TARGET_LABELS = ("job", "pid", "dev", "flow", "port", "qp", "iface")
+RECENT_EVENTS = 5
 
 
 def format_table(samples: list[tuple[str, dict, float]]) -> str:
@@ -33,24 +38,40 @@ def format_table(samples: list[tuple[str, dict, float]]) -> str:
     return "\n".join([head] + [f"{t:{w[0]}}  {s:{w[1]}}  {v:>{w[2]}}  {u}" for t, s, v, u in rows])
 
 
+def format_event(event: dict) -> str:
+    """One line for a probe event (``ProbeManager.events()``): local time, what
+    happened, and its fields."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", 0)))
+    if event.get("kind") == "cross_numa_migration":
+        return (f"{stamp} cross-NUMA migration pid={event['tgid']} tid={event['tid']} ({event['comm']}) "
+                f"cpu{event['orig_cpu']}/node{event['orig_node']} -> cpu{event['dest_cpu']}/node{event['dest_node']}")
+    fields = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("kind", "time"))
+    return f"{stamp} {event.get('kind', 'event')} {fields}"
+
+
 def run_top(selection, interval: float = 1.0, count: int | None = None) -> int:
     from reflexarc.bpf.manager import ProbeManager
     manager = ProbeManager(selection, interval=interval)
     statuses = manager.start()
     down = [f"{n}: {s}" for n, s in statuses.items() if s.state != "ok"]
     tty = sys.stdout.isatty()
+    recent: deque[dict] = deque(maxlen=RECENT_EVENTS)
     n = 0
     try:
         while count is None or n < count:
             time.sleep(interval)
             manager.refresh_selection()
             samples = manager.collect(time.time())
+            recent.extend(manager.events())
             if tty:
                 sys.stdout.write("\x1b[H\x1b[2J")
             print(time.strftime("%H:%M:%S"), f"({len(samples)} samples)")
             if down:
                 print("not ok: " + "; ".join(down))
             print(format_table(samples))
+            if recent:
+                print("\nrecent events:")
+                print("\n".join(format_event(e) for e in recent))
             sys.stdout.flush()
             n += 1
     except KeyboardInterrupt:

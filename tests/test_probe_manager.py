@@ -1,6 +1,6 @@
 """ProbeManager on the real kernel: starting the light tier with one broken
-probe, following new and exited workers, switching a deep probe on and off;
-plus the catalogue and the /proc scanner on fixtures.
+probe, following new and exited workers, handing out probe events, switching
+a deep probe on and off; plus the catalogue and the /proc scanner on fixtures.
 
 Workers here carry a name unique to this run, so DataLoader workers of other
 tests on the machine are not picked up.
@@ -13,7 +13,8 @@ import sys
 import time
 
 import pytest
-from conftest import require_bpf
+from conftest import require, require_bpf
+from test_probe_sched_numa import Spinner, move
 
 from reflexarc.bpf import catalog
 from reflexarc.bpf.block_io import BlockIo
@@ -22,7 +23,9 @@ from reflexarc.bpf.manager import ProbeManager
 from reflexarc.bpf.probe import OK, STOPPED, UNSUPPORTED, Probe, ProbeStatus, Selection
 from reflexarc.bpf.sched_numa import SchedNuma
 from reflexarc.bpf.tasks import ProcTasks
+from reflexarc.bpf.topology import Topology
 from reflexarc.controller.signals import CATALOGUE
+from reflexarc.controller.top import format_event
 
 COMM = f"rxw{os.getpid() % 100000}"
 
@@ -163,7 +166,9 @@ def test_starts_all_and_isolates_a_broken_probe(manager):
     reads = {int(labels["pid"]): v for n, labels, v in samples if n == "dataloader_reads_total"}
     assert reads.get(worker.pid, 0) >= 20 * READS_PER_LINE    # picked up by name in the kernel
     assert all(CATALOGUE[n] for n, _, _ in samples)
-    assert all(labels["job"] == "t-mgr" for _, labels, _ in samples)
+    assert all(labels["job"] == "t-mgr" for n, labels, _ in samples if "job" in CATALOGUE[n].labels)
+    node = manager.probes["sched_numa"].node
+    assert ("probe_events_lost_total", {"node": node, "probe": "sched_numa"}, 0) in samples
 
 
 def test_refresh_follows_new_and_exited_workers(manager):
@@ -188,6 +193,34 @@ def test_refresh_follows_new_and_exited_workers(manager):
     assert worker.pid not in manager.selection.pids
     kernel_pids = {k.value for k in manager.probes["dataloader_io"].bpf[b"sel_pid"].keys()}
     assert worker.pid not in kernel_pids
+
+
+def test_events_are_tagged_and_handed_out_once(manager):
+    require(len(os.sched_getaffinity(0) & {0, 1}) == 2, "CPUs 0 and 1 available to this process")
+    numa = manager.probes["sched_numa"]
+    numa.set_topology(Topology({0: [0], 1: [1]}))
+    spinner = Spinner(COMM)
+    try:
+        manager.refresh_selection()
+        move(spinner.pid, 0)
+        manager.collect(time.time())
+        manager.events()
+        for i in range(4):
+            move(spinner.pid, 1 if i % 2 == 0 else 0)
+        manager.collect(time.time())
+        events = manager.events()
+        again = manager.events()
+    finally:
+        spinner.stop()
+        numa.set_topology(Topology.from_sysfs())
+    assert [(e["probe"], e["kind"], e["tgid"], e["comm"], e["orig_node"], e["dest_node"]) for e in events] == [
+        ("sched_numa", "cross_numa_migration", spinner.pid, COMM, i % 2, 1 - i % 2) for i in range(4)]
+    assert again == []
+    line = format_event(events[0])
+    assert line.endswith(f"cross-NUMA migration pid={spinner.pid} tid={spinner.pid} ({COMM}) "
+                         "cpu0/node0 -> cpu1/node1")
+    assert time.strftime("%H:%M:%S", time.localtime(events[0]["time"])) == line.split()[0]
+    assert format_event({"kind": "outlier", "time": 0, "pid": 7}).endswith(" outlier pid=7")
 
 
 def test_deep_probe_switching(manager, tmp_path, monkeypatch):

@@ -4,7 +4,8 @@ reader on a fixture sysfs.
 A child names itself ``pt_data_worker`` and spins; the test moves it between
 CPU 0 and CPU 1 with ``sched_setaffinity`` (each move of a running task is one
 ``sched_migrate_task``). Under the override topology {0: [0], 1: [1]} every
-move crosses a node; after loading {0: [0, 1]} (a map update) none does.
+move crosses a node, and each crossing is one ring-buffer event; after loading
+{0: [0, 1]} (a map update) none does.
 """
 from __future__ import annotations
 
@@ -76,7 +77,15 @@ def probe():
 def test_signals_are_catalogued():
     for name in SchedNuma.signals:
         assert name in CATALOGUE
-        assert set(CATALOGUE[name].labels) <= {"node", "job", "pid", "quantile"}
+        assert set(CATALOGUE[name].labels) <= {"node", "job", "pid", "quantile", "probe"}
+
+
+def lost(samples) -> list[tuple[dict, float]]:
+    return [(labels, value) for name, labels, value in samples if name == "probe_events_lost_total"]
+
+
+def events_of(events, pid: int) -> list[dict]:
+    return [e for e in events if e["tgid"] == pid]
 
 
 def test_cross_numa_migrations_counted_exactly(probe):
@@ -109,19 +118,75 @@ def test_cross_numa_migrations_counted_exactly(probe):
     runq = {labels["quantile"] for name, labels, _ in samples
             if name == "dataloader_runq_latency_us" and labels["pid"] == str(spinner.pid)}
     assert runq == {"0.5", "0.99"}
-    assert all(labels["job"] == "t-numa" for _, labels, _ in samples)
+    assert all(labels["job"] == "t-numa" for name, labels, _ in samples if "job" in CATALOGUE[name].labels)
+
+
+def test_cross_numa_migrations_sent_as_events(probe):
+    moves = 6
+    spinner = Spinner("pt_data_worker")
+    try:
+        probe.set_topology(Topology({0: [0], 1: [1]}))
+        move(spinner.pid, 0)
+        probe.collect(time.time())
+        probe.drain_events()
+        for i in range(moves):
+            move(spinner.pid, 1 if i % 2 == 0 else 0)
+        samples = probe.collect(time.time())
+        events = events_of(probe.drain_events(), spinner.pid)
+    finally:
+        spinner.stop()
+
+    expected = [{"kind": "cross_numa_migration", "tgid": spinner.pid, "tid": spinner.pid,
+                 "comm": "pt_data_worker", "orig_cpu": i % 2, "dest_cpu": 1 - i % 2,
+                 "orig_node": i % 2, "dest_node": 1 - i % 2} for i in range(moves)]
+    assert [{k: e[k] for k in expected[0]} for e in events] == expected
+    stamps = [e["ts_ns"] for e in events]
+    assert stamps == sorted(stamps) and len(set(stamps)) == moves
+    assert abs(events[-1]["time"] - time.time()) < 60      # on the wall clock, not since boot
+    assert lost(samples) == [({"node": probe.node, "probe": "sched_numa"}, 0)]
+    assert probe.drain_events() == []                        # handed out once
 
 
 def test_unselected_task_not_counted(probe):
     other = Spinner("rx_not_a_worker")
     try:
+        probe.set_topology(Topology({0: [0], 1: [1]}))     # its moves would cross
         probe.collect(time.time())
         for i in range(4):
             move(other.pid, 1 if i % 2 == 0 else 0)
         samples = probe.collect(time.time())
+        events = probe.drain_events()
     finally:
         other.stop()
     assert str(other.pid) not in {labels.get("pid") for _, labels, _ in samples}
+    assert events_of(events, other.pid) == []
+
+
+def test_full_ring_buffer_counts_lost_events():
+    """One page holds ~70 events: more crossings than that between two polls
+    are counted as lost, and the rest arrive."""
+    require_bpf()
+    moves = 120
+    small = SchedNuma(Selection(comms=("pt_data_worker",)), topology=Topology({0: [0], 1: [1]}), ring_pages=1)
+    assert small.start().state == OK
+    spinner = Spinner("pt_data_worker")
+    try:
+        move(spinner.pid, 0)
+        small.collect(time.time())
+        small.drain_events()
+        for i in range(moves):
+            move(spinner.pid, 1 if i % 2 == 0 else 0)
+        samples = small.collect(time.time())
+        events = small.drain_events()
+    finally:
+        spinner.stop()
+        small.stop()
+    (_, dropped), = lost(samples)
+    mine = len(events_of(events, spinner.pid))
+    assert 0 < mine < moves
+    assert dropped >= moves - mine        # other selected workers may also have crossed
+    with pytest.raises(ValueError):
+        SchedNuma(ring_pages=3)
 
 
 def test_runq_latency_rises_when_cpu_is_shared(probe):
