@@ -143,7 +143,8 @@ def _selection(policies, job: str):
                 cgroups.add(os.stat(p.selector.cgroup).st_ino)
             except OSError as exc:
                 raise CliError(f"policy {p.name}: cgroup {p.selector.cgroup}: {exc.strerror}") from None
-    return Selection(comms=tuple(sorted(comms)) or ("pt_data_worker",), pids=tuple(sorted(pids)),
+    default = () if (pids or cgroups) else ("pt_data_worker",)   # DataLoader workers unless told otherwise
+    return Selection(comms=tuple(sorted(comms)) or default, pids=tuple(sorted(pids)),
                      cgroup_ids=tuple(sorted(cgroups)), ports=tuple(sorted(ports)), job=job)
 
 
