@@ -183,14 +183,29 @@ class AffinityActuator(Actuator):
         """Every thread gets its own original mask back; exited and reused ids are
         skipped. Goes through all threads, then raises the first failure."""
         failure = None
+        pinned = list(change.after["cpus"])
         for proc in change.before["processes"]:
-            for thread in proc["threads"]:
+            restore = list(proc["threads"])
+            if restore and self.procfs.alive(proc["pid"], proc["start"]):
+                # Threads born since the last refresh inherited the pinned mask:
+                # they go back to the process's original too.
+                known = {t["tid"] for t in proc["threads"]}
+                for tid in self.procfs.threads(proc["pid"]):
+                    thread = None if tid in known else self._thread(proc["pid"], tid)
+                    if thread is not None and thread["cpus"] == pinned:
+                        restore.append({**thread, "cpus": list(self._origin(proc))})
+            for thread in restore:
                 try:
                     self._set(proc, thread, thread["cpus"])
                 except (TemporaryActuatorError, PermanentActuatorError) as exc:
                     failure = failure or exc
         if failure is not None:
             raise failure
+
+    @staticmethod
+    def _origin(proc: dict) -> list[int]:
+        """The process's original mask: its main thread's, else its first recorded thread's."""
+        return next((t["cpus"] for t in proc["threads"] if t["tid"] == proc["pid"]), proc["threads"][0]["cpus"])
 
     def refresh(self, change: Change) -> Change | None:
         """Pin workers and threads that appeared since ``change`` was applied and drop
@@ -207,8 +222,7 @@ class AffinityActuator(Actuator):
             altered |= len(kept) != len(proc["threads"])
             # A thread created by an already pinned thread inherited the new mask:
             # its original is the process's original.
-            origin = next((t["cpus"] for t in proc["threads"] if t["tid"] == proc["pid"]),
-                          proc["threads"][0]["cpus"])
+            origin = self._origin(proc)
             known = {t["tid"] for t in kept}
             for tid in self.procfs.threads(proc["pid"]):
                 if tid in known:

@@ -325,6 +325,17 @@ def test_refresh_pins_new_workers_and_threads(act, job):
     assert allowed(first["pid"], extra_tid) == "0-1"
 
 
+def test_revert_restores_threads_born_after_the_last_refresh(act, job):
+    first = job.spawn({0, 1}, {1})
+    change = act.plan(job.target(), {"node": 0})
+    act.apply(change)
+    extra_tid = job.new_thread(first["pid"])          # inherits the pinned mask; no refresh since
+    assert allowed(first["pid"], extra_tid) == "0"
+    act.revert(journal_roundtrip(change))
+    assert {tid: allowed(first["pid"], tid) for tid in first["threads"]} == first["masks"]
+    assert allowed(first["pid"], extra_tid) == "0-1", "back to the process's original mask"
+
+
 def test_real_dataloader_workers(act):
     require_root()
     require({0, 1} <= os.sched_getaffinity(0), "CPUs 0 and 1 usable")
