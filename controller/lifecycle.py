@@ -69,7 +69,6 @@ class ActiveChange:
     step: int
     change: Change
     journal_id: str | None
-    applied_at: float
     mode: str
     expires_at: float | None
 
@@ -236,7 +235,7 @@ class RuleRun:
             self.ctx.executor.release(res.journal_id, "kept")
             self.ctx.audit_action(self, self.step_index, res.change, "kept", None, None)
             return
-        self.changes.append(ActiveChange(self.step_index, res.change, res.journal_id, self.now, mode, expires))
+        self.changes.append(ActiveChange(self.step_index, res.change, res.journal_id, mode, expires))
 
     def _recover(self, why: str) -> None:
         """In ``recovering``: undo what the rollback policy says, then escalate or finish.
