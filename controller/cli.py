@@ -166,7 +166,12 @@ def cmd_run(args) -> int:
             sources.append(ReplaySource(args.replay, clock.now()))
     except SourceError as exc:
         raise CliError(str(exc)) from None
-    if Path(args.hook_dir).is_dir():
+    hook_dir = Path(args.hook_dir)
+    if not hook_dir.exists() and os.geteuid() == 0:
+        # training scripts of any user create their sockets here; SO_PEERCRED checks callers
+        hook_dir.mkdir(parents=True)
+        hook_dir.chmod(0o1777)
+    if hook_dir.is_dir():
         sources.append(HookSource(args.hook_dir, args.job))
     if not args.no_probes:
         from reflexarc.bpf.manager import ProbeManager
