@@ -98,6 +98,8 @@ class Hooks:
         self._handlers: dict[str, _Handler] = {}
         self._active: dict[str, dict] = {}            # handler -> args of its last call not yet undone
         self._queue: deque[tuple[Future, Callable[[], dict]]] = deque()
+        # per signal: last value, time, and the sum and count since the last read, so a
+        # reader polling slower than the steps gets the mean, not a biased sample
         self._signals: dict[str, dict] = {}
         self._iteration: int | None = None
         self._lock = threading.Lock()
@@ -203,14 +205,16 @@ class Hooks:
                 ran += 1
 
     def report(self, iteration: int | None = None, **values: float) -> None:
-        """Record the latest step signals, e.g. ``report(step_time_ms=182.0, iteration=41)``."""
+        """Record step signals, e.g. ``report(step_time_ms=182.0, iteration=41)``; a reader
+        gets the mean over the steps since its previous read."""
         unknown = set(values) - set(SIGNALS)
         if unknown:
             raise ValueError(f"unknown step signal(s) {sorted(unknown)}; known: {', '.join(SIGNALS)}")
         now = time.time()
         with self._lock:
             for name, value in values.items():
-                self._signals[name] = {"value": float(value), "ts": now}
+                acc = self._signals.setdefault(name, {"sum": 0.0, "count": 0})
+                acc.update(last=float(value), ts=now, sum=acc["sum"] + float(value), count=acc["count"] + 1)
             if iteration is not None:
                 self._iteration = int(iteration)
 
@@ -351,6 +355,13 @@ class Hooks:
             return self._error("timeout", "the script is shutting down; not run")
 
     def _signals_reply(self) -> dict:
+        """Each signal's mean over the steps since the previous read (its last value
+        when no step ran since), with the time of its latest report."""
         with self._lock:
+            signals = {}
+            for name, acc in self._signals.items():
+                mean = acc["sum"] / acc["count"] if acc["count"] else acc["last"]
+                signals[name] = {"value": mean, "ts": acc["ts"], "steps": acc["count"]}
+                acc.update(sum=0.0, count=0)
             return {"ok": True, "job": self.job, "rank": self.rank, "pid": self.pid, "iteration": self._iteration,
-                    "queued": len(self._queue), "signals": {k: dict(v) for k, v in self._signals.items()}}
+                    "queued": len(self._queue), "signals": signals}
