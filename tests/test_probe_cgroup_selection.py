@@ -11,12 +11,11 @@ once it leaves. The CLI derives the same id from a policy selector's
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from conftest import require, require_bpf
 from test_actuator_dscp import cgroup2_root
+from test_probe_gpu_submit import Child as IoctlChild
 
 from reflexarc.bpf.gpu_submit import GpuSubmit
 from reflexarc.bpf.probe import OK, Selection
@@ -24,20 +23,6 @@ from reflexarc.controller.cli import _selection
 from reflexarc.controller.policy.loader import load_policies
 
 CALLS = 300
-
-CHILD = r"""
-import fcntl, os, sys
-calls = int(sys.argv[1])
-fd = os.open("/dev/null", os.O_RDONLY)
-NVIDIA = (3 << 30) | (32 << 16) | (ord("F") << 8) | 0x2a   # _IOWR('F', 0x2a, 32 bytes)
-while sys.stdin.readline().strip() == "go":
-    for _ in range(calls):
-        try:
-            fcntl.ioctl(fd, NVIDIA, bytes(32))
-        except OSError:
-            pass
-    print("done", flush=True)
-"""
 
 POLICY = """
 policies:
@@ -53,13 +38,11 @@ policies:
 """
 
 
-class Child:
-    """A process that issues CALLS 'F' ioctls each time it is told to go."""
+class Child(IoctlChild):
+    """A process that issues CALLS 'F' ioctls (and as many non-'F' ones) each time it is told to go."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, str(CALLS)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.pid = self.proc.pid
+        super().__init__(f"rxcg{os.getpid() % 100000}", CALLS, 0.0)
 
     def cgroup(self) -> str:
         """Its cgroup v2 path, relative to the cgroup2 mount."""
@@ -67,17 +50,6 @@ class Child:
             if line.startswith("0::"):
                 return line[3:].lstrip("/")
         raise AssertionError(f"pid {self.pid} has no cgroup v2 membership")
-
-    def go(self) -> None:
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-
-    def wait_done(self) -> None:
-        assert self.proc.stdout.readline().strip() == "done"
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=10)
 
 
 def move(pid: int, cgroup: Path) -> None:

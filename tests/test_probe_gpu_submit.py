@@ -41,9 +41,9 @@ while sys.stdin.readline().strip() == "go":
 
 
 class Child:
-    def __init__(self, comm: str) -> None:
+    def __init__(self, comm: str, calls: int = CALLS, gap: float = GAP_S) -> None:
         self.comm = comm
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, comm, str(CALLS), str(GAP_S)],
+        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, comm, str(calls), str(gap)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.pid = self.proc.pid
         deadline = time.monotonic() + 10
