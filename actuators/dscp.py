@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .base import Actuator, Change, PermanentActuatorError, Target, TemporaryActuatorError
-from .specs import SPECS
+from .specs import DSCP_CODES, SPECS, dscp_code, port_ranges
 
 SOURCE = Path(__file__).with_name("dscp.bpf.c")
 DEFAULT_PIN_DIR = "/sys/fs/bpf/reflexarc/dscp"
@@ -81,9 +81,6 @@ TC_EGRESS, TC_INGRESS = 0xFFFFFFF3, 0xFFFFFFF2
 IFACE_CLSACT_CREATED = 1
 SO_NETNS_COOKIE = 71
 
-DSCP_VALUES = {f"CS{i}": 8 * i for i in range(8)}
-DSCP_VALUES.update({f"AF{c}{d}": 8 * c + 2 * d for c in range(1, 5) for d in range(1, 4)})
-DSCP_VALUES.update({"EF": 46, "LE": 1})
 PROTOCOLS = {"any": 0, "tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
 
 # bytes before the IP header in a tc egress skb, by ARPHRD link type
@@ -118,34 +115,17 @@ class _Meta(ctypes.Structure):
 
 def dscp_value(value) -> int:
     """``"AF41"`` -> 34, ``"46"``/``46`` -> 46; PermanentActuatorError otherwise."""
-    text = str(value).strip().upper()
-    if text in DSCP_VALUES:
-        return DSCP_VALUES[text]
-    if text.isdigit() and 0 <= int(text) <= 63:
-        return int(text)
-    raise PermanentActuatorError(f"bad DSCP '{value}': use 0-63 or one of {', '.join(DSCP_VALUES)}")
+    try:
+        return dscp_code(value)
+    except ValueError as exc:
+        raise PermanentActuatorError(str(exc)) from None
 
 
-def port_ranges(value) -> list[tuple[int, int]]:
-    """``["29500-29510", 80, [1, 2]]`` -> inclusive (lo, hi) ranges."""
-    out = []
-    for item in value or ():
-        if isinstance(item, (list, tuple)) and len(item) == 2:
-            lo, hi = item
-        elif isinstance(item, int) or (isinstance(item, str) and "-" not in item):
-            lo = hi = item
-        elif isinstance(item, str):
-            lo, hi = item.split("-", 1)
-        else:
-            raise PermanentActuatorError(f"bad port range {item!r}")
-        try:
-            lo, hi = int(lo), int(hi)
-        except ValueError:
-            raise PermanentActuatorError(f"bad port range {item!r}") from None
-        if not 0 < lo <= hi <= 65535:
-            raise PermanentActuatorError(f"bad port range {item!r}")
-        out.append((lo, hi))
-    return out
+def _port_ranges(value) -> list[tuple[int, int]]:
+    try:
+        return port_ranges(value)
+    except ValueError as exc:
+        raise PermanentActuatorError(str(exc)) from None
 
 
 # --- libbpf: pinned objects and map access ----------------------------------------
@@ -584,7 +564,7 @@ class DscpActuator(Actuator):
         return {"dscp": dscp_value(params["dscp"]),
                 "interfaces": interfaces, "netns": str(params.get("netns") or sel.get("netns") or ""),
                 "protocol": protocol,
-                "ports": [list(r) for r in port_ranges(params.get("ports") or sel.get("ports"))],
+                "ports": [list(r) for r in _port_ranges(params.get("ports") or sel.get("ports"))],
                 "addresses": addresses, "priority": priority, "match_cgroup": cgroup_id is not None,
                 "cgroup_id": cgroup_id}
 
@@ -614,7 +594,7 @@ class DscpActuator(Actuator):
         if used + added > self.max_rules:
             raise PermanentActuatorError(f"DSCP rule table full: {used} of {self.max_rules} used, "
                                          f"{added} more needed")
-        name = next((k for k, v in DSCP_VALUES.items() if v == p["dscp"]), str(p["dscp"]))
+        name = next((k for k, v in DSCP_CODES.items() if v == p["dscp"]), str(p["dscp"]))
         what = " ".join(filter(None, (
             p["protocol"], "ports " + ",".join(f"{lo}-{hi}" for lo, hi in p["ports"]) if p["ports"] else "",
             ",".join(p["addresses"]), f"cgroup {p['cgroup_id']}" if p["cgroup_id"] else "")))

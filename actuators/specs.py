@@ -8,14 +8,52 @@ Example::
 
     SPECS["affinity"].param("node")   # ParamSpec(name="node", type="int", ...)
 
-Overhead: constants.
+Also the parameter forms more than one layer reads: DSCP names and port ranges.
+
+Overhead: constants and small parsers.
 """
 from __future__ import annotations
 
+import re
+
 from .base import ActuatorSpec, ParamSpec as P
 
-DSCP_NAMES = ("CS0", "CS1", "CS2", "CS3", "CS4", "CS5", "CS6", "CS7", "AF11", "AF12", "AF13",
-              "AF21", "AF22", "AF23", "AF31", "AF32", "AF33", "AF41", "AF42", "AF43", "EF", "LE")
+DSCP_CODES = {**{f"CS{n}": 8 * n for n in range(8)},
+              **{f"AF{x}{y}": 8 * x + 2 * y for x in range(1, 5) for y in range(1, 4)},
+              "EF": 46, "LE": 1}
+DSCP_NAMES = tuple(DSCP_CODES)
+_RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def dscp_code(value) -> int:
+    """DSCP number 0-63 from a name (``CS1``, ``AF41``, ``EF``, ``LE``) or a number; ValueError otherwise."""
+    text = str(value).strip().upper()
+    if text in DSCP_CODES:
+        return DSCP_CODES[text]
+    if text.isdigit() and 0 <= int(text) <= 63:
+        return int(text)
+    raise ValueError(f"bad DSCP '{value}': use a name ({', '.join(DSCP_NAMES)}) or a number 0-63")
+
+
+def port_ranges(value) -> list[tuple[int, int]]:
+    """``["29500-29510", 80, [1, 2]]`` (or one item) -> inclusive (lo, hi) ranges; ValueError otherwise."""
+    if value is None:
+        return []
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for item in items:
+        if isinstance(item, (list, tuple)) and len(item) == 2:
+            lo, hi = int(item[0]), int(item[1])
+        else:
+            match = _RANGE_RE.match(str(item))
+            if not match or isinstance(item, bool):
+                raise ValueError(f"bad port range '{item}': use a port or 'lo-hi'")
+            lo, hi = int(match.group(1)), int(match.group(2) or match.group(1))
+        if not 1 <= lo <= hi <= 65535:
+            raise ValueError(f"bad port range {lo}-{hi}: ports are 1-65535 and lo <= hi")
+        out.append((lo, hi))
+    return out
+
 
 SPECS: dict[str, ActuatorSpec] = {s.name: s for s in (
     ActuatorSpec("log", "Write a line to the controller log and audit trail.", (

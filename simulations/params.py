@@ -20,15 +20,12 @@ from __future__ import annotations
 import re
 
 from reflexarc.actuators.base import EVIDENCE_PARAM, ActuatorSpec, ParamSpec
+from reflexarc.actuators.specs import dscp_code, port_ranges
 
 _DURATION_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 _NUMBER = r"\d+(?:\.\d+)?"
 # Largest unit first; backtracking reads "5ms" as milliseconds, not minutes.
 _DURATION_RE = re.compile("^" + "".join(f"(?:({_NUMBER}){unit})?" for unit in _DURATION_UNITS) + "$")
-_RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
-_DSCP_CLASS = {f"CS{n}": 8 * n for n in range(8)}
-_DSCP_AF = {f"AF{x}{y}": 8 * x + 2 * y for x in range(1, 5) for y in range(1, 4)}
-DSCP_CODES = {**_DSCP_CLASS, **_DSCP_AF, "EF": 46, "LE": 1}
 
 
 def parse_duration(value) -> float:
@@ -51,32 +48,7 @@ def parse_duration(value) -> float:
     return seconds
 
 
-def dscp_code(value) -> int:
-    """DSCP number 0-63 from a name (``CS1``, ``AF41``, ``EF``, ``LE``) or a number."""
-    text = str(value).strip().upper()
-    if text in DSCP_CODES:
-        return DSCP_CODES[text]
-    if text.isdigit() and 0 <= int(text) <= 63:
-        return int(text)
-    raise ValueError(f"bad DSCP '{value}': use a name ({', '.join(sorted(DSCP_CODES))}) or a number 0-63")
-
-
-def _port_ranges(value) -> list[tuple[int, int]]:
-    items = value if isinstance(value, (list, tuple)) else [value]
-    out = []
-    for item in items:
-        if isinstance(item, (list, tuple)) and len(item) == 2:
-            lo, hi = int(item[0]), int(item[1])
-        else:
-            match = _RANGE_RE.match(str(item))
-            if not match:
-                raise ValueError(f"bad port range '{item}': use a port or 'lo-hi'")
-            lo = int(match.group(1))
-            hi = int(match.group(2) or lo)
-        if not 1 <= lo <= hi <= 65535:
-            raise ValueError(f"bad port range {lo}-{hi}: ports are 1-65535 and lo <= hi")
-        out.append((lo, hi))
-    return out
+_RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 
 
 def cpu_list(value) -> list[int]:
@@ -119,7 +91,7 @@ def normalise(actuator: str, param: ParamSpec, value):
     elif kind == "str_list":
         out = sorted({str(v) for v in value}) if isinstance(value, (list, tuple)) else [str(value)]
     elif kind == "port_range":
-        out = _port_ranges(value)
+        out = port_ranges(value)
     elif kind == "mapping":
         if not isinstance(value, dict):
             raise ValueError(f"'{param.name}' must be a mapping, got {value!r}")

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from reflexarc.actuators.base import Actuator, Change, PermanentActuatorError, Registry, Target
 from reflexarc.actuators.log import LogActuator
-from reflexarc.actuators.specs import SPECS
+from reflexarc.actuators.specs import SPECS, dscp_code
 
-from .params import check_params, dscp_code
+from .params import check_params
 
 
 def _cpus_text(cpus: list[int]) -> str:
