@@ -27,6 +27,8 @@ schema: setup
 	$(PY) -m reflexarc.controller.policy.schema > policies/schema.json
 
 bench: setup
+	$(PY) bench/engine.py
+	$(PY) bench/churn.py
 	$(PY) bench/probe_overhead.py
 
 clean:

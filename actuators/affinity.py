@@ -4,21 +4,27 @@ original mask back on revert.
 
 Targets are processes whose comm is ``pt_data_worker`` (or the selector's
 ``processes``) inside the job's scope: descendants of ``selector["pids"]``, the
-``selector["cgroup"]`` subtree, or the single worker ``labels["pid"]``. Every thread
-of each (``/proc/<pid>/task/*``) is re-pinned; torch names a worker's threads
+``selector["cgroup"]`` subtree, the single worker ``labels["pid"]``, or the
+workers below the training process ``labels["trainer"]`` (which must itself be
+below ``selector["pids"]`` when those are given). Every thread of each
+(``/proc/<pid>/task/*``) is re-pinned; torch names a worker's threads
 ``pt_data_worker`` as well. Each process and thread is recorded with its start time
-(field 22 of ``stat``) so a reused pid is never touched.
+(field 22 of ``stat``) so a reused pid is never touched; a training process is
+recorded the same way, and its workers are followed only while it is the process
+that was planned for.
 
 The change (plain JSON)::
 
     before = {"cpus": [0, 1] | None,        # the mask all threads share now, None when they differ
               "processes": [{"pid": 812, "start": 91023, "comm": "pt_data_worker",
-                             "threads": [{"tid": 812, "start": 91023, "cpus": [0, 1]}, ...]}]}
+                             "threads": [{"tid": 812, "start": 91023, "cpus": [0, 1]}, ...]}],
+              "trainer": {"pid": 800, "start": 90011, "comm": "python"}}   # only by trainer
     after  = the same with every "cpus" set to the new mask
 
 ``refresh(change)`` pins workers and threads that appeared since (new DataLoader
 workers each epoch, new threads in a worker), records their originals in the
-returned change and drops the ones that exited.
+returned change and drops the ones that exited. A change by trainer may start
+with no worker running (between epochs): it pins the next epoch's.
 
 Example::
 
@@ -26,9 +32,12 @@ Example::
     change = act.plan(Target(selector={"pids": [4242]}), {"device": "0000:3b:00.0"})
     act.apply(change)
     act.revert(change)
+    by_trainer = act.plan(Target({"trainer": "4242"}), {"node": 0})
+    act.refresh(by_trainer)     # after apply, every tick: pins new workers of 4242
 
 Overhead: per thread one ``stat`` read and one ``sched_setaffinity`` call (~2-3 µs);
-a scan reads ``stat`` and ``comm`` of every process on the node once.
+a scan reads ``stat`` and ``comm`` of every process on the node once; a target by
+trainer adds one ``stat`` read of the training process per refresh.
 """
 from __future__ import annotations
 
@@ -36,15 +45,18 @@ import errno
 import logging
 import os
 
+from reflexarc.core.cpus import format_cpulist
+from reflexarc.core.procfs import ProcFS
+
 from .base import Actuator, Change, PermanentActuatorError, Target, TemporaryActuatorError
-from .numa import NumaTopology, format_cpulist
-from .procs import ProcFS
+from .numa import NumaTopology
 from .specs import SPECS
 
 log = logging.getLogger("reflexarc.actuators.affinity")
 
 DEFAULT_COMMS = ("pt_data_worker",)
 RETRYABLE = (errno.EAGAIN, errno.EBUSY, errno.EINTR)
+COMMAND_CHARS = 60   # of a training process's command line in a summary
 
 
 def _common_mask(processes: list[dict]) -> list[int] | None:
@@ -67,19 +79,28 @@ class AffinityActuator(Actuator):
 
     @staticmethod
     def _scope(target: Target) -> dict:
+        """Where the workers are: ``pids`` are the roots they descend from (the
+        training process for a target by trainer), ``within`` the selector's pids
+        that such a training process must descend from."""
         sel, labels = target.selector, target.labels
-        pid = labels.get("pid")
+        pid, trainer = labels.get("pid"), labels.get("trainer")
+        trainer = int(trainer) if trainer not in (None, "") else None
+        pids = [int(p) for p in sel.get("pids") or ()]
         return {"comms": tuple(sel.get("processes") or DEFAULT_COMMS),
-                "pids": [int(p) for p in sel.get("pids") or ()],
+                "pids": pids if trainer is None else [trainer],
+                "within": [] if trainer is None else pids,
                 "cgroup": str(sel.get("cgroup") or ""),
-                "pid": int(pid) if pid not in (None, "") else None}
+                "pid": int(pid) if pid not in (None, "") else None,
+                "trainer": trainer}
 
     @staticmethod
     def _describe_scope(scope: dict) -> str:
         words = [f"comm {'/'.join(scope['comms'])}"]
         if scope["pid"] is not None:
             words.append(f"pid {scope['pid']}")
-        if scope["pids"]:
+        if scope["trainer"] is not None:
+            words.append(f"below training process {scope['trainer']}")
+        elif scope["pids"]:
             words.append(f"below pids {','.join(map(str, scope['pids']))}")
         if scope["cgroup"]:
             words.append(f"in cgroup {scope['cgroup']}")
@@ -112,20 +133,54 @@ class AffinityActuator(Actuator):
         processes = [s for s in map(self._snapshot, self._workers(target)) if s]
         return {"cpus": _common_mask(processes), "processes": processes}
 
+    def _trainer(self, scope: dict) -> dict:
+        """The training process of a target by trainer as ``{pid, start, comm}``;
+        refuses one that is gone, pid 0/1, or outside the selector's pids."""
+        pid = scope["trainer"]
+        start = self.procfs.start_time(pid) if pid > 1 else None
+        if start is None:
+            raise PermanentActuatorError(f"training process {pid} is not running")
+        if scope["within"] and not self.procfs.descends_from(pid, scope["within"]):
+            raise PermanentActuatorError(f"training process {pid} is not below pids "
+                                         f"{','.join(map(str, scope['within']))}")
+        return {"pid": pid, "start": start, "comm": self.procfs.comm(pid) or ""}
+
+    def _command(self, trainer: dict) -> str:
+        """``python train.py --lr 3e-4``: the command line (program without its
+        directory, cut to ``COMMAND_CHARS``), or the comm when it has none."""
+        args = self.procfs.cmdline(trainer["pid"])
+        if not args:
+            return trainer["comm"]
+        text = " ".join([os.path.basename(args[0]), *args[1:]])
+        text = " ".join(text.split())
+        return text if len(text) <= COMMAND_CHARS else text[:COMMAND_CHARS - 3] + "..."
+
+    def _following(self, change: Change) -> bool:
+        """Whether the change's training process (if it has one) still runs as the
+        process it was planned for; a reused pid is never followed."""
+        trainer = change.after.get("trainer")
+        return trainer is None or self.procfs.alive(trainer["pid"], trainer["start"])
+
+    def exists(self, change: Change) -> bool:
+        """A change by trainer exists while its training process runs (workers come
+        and go with epochs); any other while one of the processes it pinned runs."""
+        if change.after.get("trainer") is not None:
+            return self._following(change)
+        return any(self.procfs.alive(p["pid"], p["start"]) for p in change.before["processes"])
+
     # -- the desired mask ----------------------------------------------------------
 
     def target_cpus(self, params: dict) -> tuple[list[int], str]:
         """The CPUs ``params`` ask for and where they come from, e.g. ``([1], "node 1")``."""
+        params = self.checked(params, partial=True)
         given = [k for k in ("node", "cpus", "device") if params.get(k) not in (None, "", [])]
         if len(given) != 1:
             raise PermanentActuatorError("affinity needs exactly one of 'node', 'cpus', 'device' "
                                          f"(got {', '.join(given) or 'none'})")
         if given == ["cpus"]:
-            cpus, where = sorted({int(c) for c in params["cpus"]}), "explicit list"
-            if any(c < 0 for c in cpus):
-                raise PermanentActuatorError(f"negative CPU number in {params['cpus']}")
+            cpus, where = list(params["cpus"]), "explicit list"
         elif given == ["node"]:
-            node = int(params["node"])
+            node = params["node"]
             cpus, where = self.topology.node_cpus(node), f"node {node}"
         else:
             node = self.topology.device_node(str(params["device"]))
@@ -136,23 +191,35 @@ class AffinityActuator(Actuator):
         online = self.topology.online_cpus()
         if online is not None and set(cpus) - set(online):
             raise PermanentActuatorError(f"CPUs {format_cpulist(set(cpus) - set(online))} are not online")
-        reserved = {int(c) for c in params.get("reserved_cpus") or ()}
+        reserved = set(params.get("reserved_cpus") or ())
         cpus = [c for c in cpus if c not in reserved]
         if not cpus:
             raise PermanentActuatorError(f"no CPU left in {where} after reserving {format_cpulist(reserved)}")
         return cpus, where
 
     def plan(self, target: Target, params: dict) -> Change:
+        """A target by trainer is planned even while none of its workers runs
+        (between epochs): ``refresh`` pins them as they start."""
         cpus, where = self.target_cpus(params)
+        scope = self._scope(target)
+        trainer = self._trainer(scope) if scope["trainer"] is not None else None
         before = self.read_current(target)
-        if not before["processes"]:
-            raise PermanentActuatorError(f"no process matches {self._describe_scope(self._scope(target))}")
+        if not before["processes"] and trainer is None:
+            raise PermanentActuatorError(f"no process matches {self._describe_scope(scope)}")
         after = {"cpus": cpus, "processes": _with_mask(before["processes"], cpus)}
         nthreads = sum(len(p["threads"]) for p in before["processes"])
         was = format_cpulist(before["cpus"]) if before["cpus"] is not None else "mixed"
-        summary = (f"affinity: pin {len(before['processes'])} processes ({nthreads} threads, "
-                   f"pids {','.join(str(p['pid']) for p in before['processes'])}) to CPUs "
-                   f"{format_cpulist(cpus)} ({where}); was {was}")
+        pinned = (f"{len(before['processes'])} processes ({nthreads} threads, "
+                  f"pids {','.join(str(p['pid']) for p in before['processes'])})")
+        if trainer is None:
+            summary = f"affinity: pin {pinned} to CPUs {format_cpulist(cpus)} ({where}); was {was}"
+        else:
+            before["trainer"] = after["trainer"] = trainer
+            now = pinned if before["processes"] else "no worker running now"
+            summary = (f"affinity: pin DataLoader workers of training process {trainer['pid']} "
+                       f"({self._command(trainer)}) to CPUs {format_cpulist(cpus)} ({where}): {now}, "
+                       f"and its new workers as they start"
+                       + (f"; was {was}" if before["processes"] else ""))
         return Change("affinity", target, dict(params), before, after, summary)
 
     # -- writing -------------------------------------------------------------------
@@ -175,6 +242,12 @@ class AffinityActuator(Actuator):
         return True
 
     def apply(self, change: Change) -> None:
+        """Pin the recorded threads; refuses a change whose training process is
+        gone or whose pid now names another process."""
+        if not self._following(change):
+            trainer = change.after["trainer"]
+            raise PermanentActuatorError(f"training process {trainer['pid']} ({trainer['comm']}) is no longer "
+                                         "the process this change was planned for")
         for proc in change.after["processes"]:
             for thread in proc["threads"]:
                 self._set(proc, thread, thread["cpus"])
@@ -209,7 +282,9 @@ class AffinityActuator(Actuator):
 
     def refresh(self, change: Change) -> Change | None:
         """Pin workers and threads that appeared since ``change`` was applied and drop
-        the ones that exited. Returns the grown change (already applied) or None."""
+        the ones that exited. Returns the grown change (already applied) or None.
+        New workers of a training process are looked for only while it is the
+        process the change was planned for."""
         cpus = list(change.after["cpus"])
         altered = False
         before = []
@@ -236,7 +311,7 @@ class AffinityActuator(Actuator):
                     kept.append(thread)
                     altered = True
             before.append({**proc, "threads": kept})
-        for pid in self._workers(change.target):
+        for pid in self._workers(change.target) if self._following(change) else ():
             snap = self._snapshot(pid)
             if snap is None or (snap["pid"], snap["start"]) in recorded:
                 continue
@@ -247,8 +322,8 @@ class AffinityActuator(Actuator):
         if not altered:
             return None
         grown = Change.from_dict(change.to_dict())
-        grown.before = {"cpus": _common_mask(before), "processes": before}
-        grown.after = {"cpus": cpus, "processes": _with_mask(before, cpus)}
+        grown.before = {**change.before, "cpus": _common_mask(before), "processes": before}
+        grown.after = {**change.after, "cpus": cpus, "processes": _with_mask(before, cpus)}
         return grown
 
     def _pin_new(self, proc: dict, thread: dict, cpus: list[int]) -> bool:

@@ -22,14 +22,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+# The parameter vocabulary lives in the bottom layer; actuators import it from here.
+from reflexarc.core.params import EVIDENCE_PARAM, ActuatorSpec, ParamError, ParamSpec, check_params
+from reflexarc.core.targets import target_key
+
+__all__ = ["EVIDENCE_PARAM", "Actuator", "ActuatorError", "ActuatorSpec", "Change", "ParamSpec",
+           "PermanentActuatorError", "Registry", "Target", "TemporaryActuatorError"]
+
 
 class ActuatorError(Exception):
     """Base of actuator failures."""
-
-
-EVIDENCE_PARAM = "evidence"
-"""Reserved parameter the controller fills (never a policy) for actuators whose
-spec ``accepts_evidence``: the evidence items of the conditions that fired."""
 
 
 class TemporaryActuatorError(ActuatorError):
@@ -49,7 +51,7 @@ class Target:
     selector: dict = field(default_factory=dict)
 
     def key(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())) or "*"
+        return target_key(self.labels)
 
     def to_dict(self) -> dict:
         return {"labels": dict(self.labels), "selector": dict(self.selector)}
@@ -85,34 +87,6 @@ class Change:
                    data.get("before"), data.get("after"), data.get("summary", ""))
 
 
-@dataclass(frozen=True)
-class ParamSpec:
-    """One actuator parameter. ``type`` is one of: str, int, float, bool,
-    duration, int_list, str_list, port_range, mapping."""
-
-    name: str
-    type: str
-    required: bool = False
-    default: Any = None
-    choices: tuple = ()
-    help: str = ""
-
-
-@dataclass(frozen=True)
-class ActuatorSpec:
-    """What a policy author needs to know about an actuator, without loading it."""
-
-    name: str
-    help: str
-    params: tuple[ParamSpec, ...] = ()
-    changes_system: bool = True   # False: notifies only (alert, log): nothing to verify or revert
-    supports_dry_run: bool = True
-    accepts_evidence: bool = False  # the controller adds EVIDENCE_PARAM to the params
-
-    def param(self, name: str) -> ParamSpec | None:
-        return next((p for p in self.params if p.name == name), None)
-
-
 class Actuator:
     """Base class. Subclasses set ``spec`` and implement the four methods."""
 
@@ -125,6 +99,14 @@ class Actuator:
     @property
     def supports_dry_run(self) -> bool:
         return self.spec.supports_dry_run
+
+    def checked(self, params: dict, partial: bool = False) -> dict:
+        """``params`` in their canonical forms (``reflexarc.core.params``); a bad,
+        unknown or (unless ``partial``) missing parameter is a PermanentActuatorError."""
+        try:
+            return check_params(self.spec, dict(params), partial)
+        except ParamError as exc:
+            raise PermanentActuatorError(str(exc)) from None
 
     def read_current(self, target: Target) -> Any:
         raise NotImplementedError
@@ -143,6 +125,12 @@ class Actuator:
         appeared since (e.g. newly spawned workers). Returns the grown change, which
         the caller journals, or None when nothing is new."""
         return None
+
+    def exists(self, change: Change) -> bool:
+        """Whether what ``change`` was made for still exists (a process that exited,
+        an interface that went away: no). A change whose target is gone is closed
+        as ``target-gone`` instead of being reverted."""
+        return True
 
     def close(self) -> None:
         """Release resources (BPF programs, sockets). Does not revert changes."""

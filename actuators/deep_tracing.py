@@ -31,10 +31,11 @@ probe (~1 s, once per session); revert detaches it (milliseconds).
 """
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
+
+from reflexarc.core.params import ParamError, convert
 
 from .base import Actuator, Change, PermanentActuatorError, Target
 from .specs import SPECS
@@ -88,14 +89,14 @@ class DeepTracingActuator(Actuator):
         if probe not in self.spec.param("probe").choices:
             raise PermanentActuatorError(f"unknown deep probe '{probe}'; "
                                          f"choose from {', '.join(self.spec.param('probe').choices)}")
+        if params.get("ttl") is None:
+            raise PermanentActuatorError("deep_tracing needs a 'ttl'")
         try:
-            ttl = float(params["ttl"])
-        except KeyError:
-            raise PermanentActuatorError("deep_tracing needs a 'ttl'") from None
-        except (TypeError, ValueError):
-            raise PermanentActuatorError(f"ttl must be a number of seconds, got {params['ttl']!r}") from None
-        if not (ttl > 0 and math.isfinite(ttl)):
-            raise PermanentActuatorError(f"ttl must be a positive number of seconds, got {ttl}")
+            ttl = convert(self.spec.param("ttl"), params["ttl"])
+        except ParamError as exc:
+            raise PermanentActuatorError(f"ttl: {exc}") from None
+        if not ttl > 0:
+            raise PermanentActuatorError(f"ttl must be a positive duration, got {params['ttl']!r}")
         probe_params: dict = {}
         uprobes = params.get("uprobes")
         if uprobes:

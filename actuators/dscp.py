@@ -69,8 +69,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from reflexarc.core.dscp import dscp_name
+from reflexarc.core.params import ParamError, convert
+from reflexarc.core.ports import port_ranges
+
 from .base import Actuator, Change, PermanentActuatorError, Target, TemporaryActuatorError
-from .specs import DSCP_CODES, SPECS, dscp_code, port_ranges
+from .specs import SPECS
 
 SOURCE = Path(__file__).with_name("dscp.bpf.c")
 DEFAULT_PIN_DIR = "/sys/fs/bpf/reflexarc/dscp"
@@ -111,21 +115,6 @@ class _Iface(ctypes.Structure):
 
 class _Meta(ctypes.Structure):
     _fields_ = [("used", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
-
-
-def dscp_value(value) -> int:
-    """``"AF41"`` -> 34, ``"46"``/``46`` -> 46; PermanentActuatorError otherwise."""
-    try:
-        return dscp_code(value)
-    except ValueError as exc:
-        raise PermanentActuatorError(str(exc)) from None
-
-
-def _port_ranges(value) -> list[tuple[int, int]]:
-    try:
-        return port_ranges(value)
-    except ValueError as exc:
-        raise PermanentActuatorError(str(exc)) from None
 
 
 # --- libbpf: pinned objects and map access ----------------------------------------
@@ -541,30 +530,31 @@ class DscpActuator(Actuator):
     # --- planning -----------------------------------------------------------------
     def _normalize(self, target: Target, params: dict) -> dict:
         sel = target.selector
-        interfaces = [str(i) for i in params.get("interfaces") or sel.get("interfaces") or ()]
+        params = self.checked(params)
+        try:
+            interfaces = params.get("interfaces") or convert(self.spec.param("interfaces"), sel.get("interfaces"))
+            ports = params.get("ports") or port_ranges(sel.get("ports"))
+        except (ParamError, ValueError) as exc:
+            raise PermanentActuatorError(f"selector: {exc}") from None
         if not interfaces:
             raise PermanentActuatorError("dscp needs interfaces (params.interfaces or the selector's)")
-        protocol = str(params.get("protocol") or "tcp").lower()
-        if protocol not in PROTOCOLS:
-            raise PermanentActuatorError(f"bad protocol '{protocol}': use {', '.join(PROTOCOLS)}")
+        protocol = params.get("protocol") or "tcp"
         try:
-            addresses = [str(ipaddress.ip_network(str(a), strict=False)) for a in params.get("addresses") or ()]
+            addresses = [str(ipaddress.ip_network(a, strict=False)) for a in params.get("addresses") or ()]
         except ValueError as exc:
             raise PermanentActuatorError(f"bad address: {exc}") from None
         priority = params.get("priority")
-        if priority is not None and not (isinstance(priority, int) and 0 <= priority < 2 ** 32):
+        if priority is not None and not 0 <= priority < 2 ** 32:
             raise PermanentActuatorError(f"bad priority {priority!r}: an integer 0..2^32-1")
         cgroup_id = None
         if params.get("match_cgroup"):
             if not sel.get("cgroup"):
                 raise PermanentActuatorError("match_cgroup needs the selector's cgroup")
             cgroup_id = _cgroup_id(str(sel["cgroup"]))
-        if params.get("dscp") is None:
-            raise PermanentActuatorError("dscp needs the 'dscp' parameter")
-        return {"dscp": dscp_value(params["dscp"]),
+        return {"dscp": params["dscp"],
                 "interfaces": interfaces, "netns": str(params.get("netns") or sel.get("netns") or ""),
                 "protocol": protocol,
-                "ports": [list(r) for r in _port_ranges(params.get("ports") or sel.get("ports"))],
+                "ports": [list(r) for r in ports],
                 "addresses": addresses, "priority": priority, "match_cgroup": cgroup_id is not None,
                 "cgroup_id": cgroup_id}
 
@@ -594,7 +584,7 @@ class DscpActuator(Actuator):
         if used + added > self.max_rules:
             raise PermanentActuatorError(f"DSCP rule table full: {used} of {self.max_rules} used, "
                                          f"{added} more needed")
-        name = next((k for k, v in DSCP_CODES.items() if v == p["dscp"]), str(p["dscp"]))
+        name = dscp_name(p["dscp"])
         what = " ".join(filter(None, (
             p["protocol"], "ports " + ",".join(f"{lo}-{hi}" for lo, hi in p["ports"]) if p["ports"] else "",
             ",".join(p["addresses"]), f"cgroup {p['cgroup_id']}" if p["cgroup_id"] else "")))

@@ -22,7 +22,8 @@ The change (plain JSON)::
     after  = the same with "state" as the preview's "after"; without a preview,
              before's state is None and after's is the call's args
 
-``read_signals(hook_dir)`` collects the step signals the scripts report.
+``read_signals(hook_dir)`` collects the step signals the scripts report;
+``ranks_by_pid(hook_dir)`` maps each training process to its rank, for labels.
 
 Example::
 
@@ -45,9 +46,10 @@ import re
 import socket
 from typing import NamedTuple
 
+from reflexarc.core.procfs import ProcFS
+
 from .base import Actuator, Change, PermanentActuatorError, Target, TemporaryActuatorError
-from .hooks import JOB_CHARS, SIGNALS
-from .procs import ProcFS
+from .hooks import JOB_CHARS, SIGNAL_NAMES
 from .specs import SPECS
 
 log = logging.getLogger("reflexarc.actuators.framework_hook")
@@ -87,6 +89,14 @@ def find_endpoints(hook_dir: str, job: str | None = None, rank: int | str | None
             continue
         out.append(Endpoint(os.path.join(hook_dir, name), m["job"], int(m["rank"]), int(m["pid"])))
     return out
+
+
+def ranks_by_pid(hook_dir: str) -> dict[int, str]:
+    """The rank of each training process with a socket in ``hook_dir``, e.g.
+    ``{4242: "0", 4243: "1"}``: what a loader signal's ``trainer`` pid needs to
+    carry ``rank``. Costs one directory listing; sockets are not contacted, so a
+    socket left by a killed script still counts until it is removed."""
+    return {ep.pid: str(ep.rank) for ep in find_endpoints(hook_dir)}
 
 
 class HookClient:
@@ -153,20 +163,10 @@ def read_signals(hook_dir: str, job: str | None = None, timeout: float = 1.0) ->
             log.debug("signals from %s: %s", ep.path, exc)
             continue
         for name, point in sorted(reply.get("signals", {}).items()):
-            if name in SIGNALS:
+            if name in SIGNAL_NAMES:
                 out.append({"name": name, "labels": {"job": ep.job, "rank": str(ep.rank)},
                             "value": float(point["value"]), "ts": float(point["ts"])})
     return out
-
-
-def _seconds(value) -> float:
-    """A duration as seconds: a number, or a string such as ``"500ms"``, ``"10s"``, ``"2m"``."""
-    if isinstance(value, (int, float)):
-        return float(value)
-    m = re.fullmatch(r"\s*([0-9.]+)\s*(ms|s|m)?\s*", str(value))
-    if not m:
-        raise PermanentActuatorError(f"bad duration {value!r}")
-    return float(m[1]) * {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[m[2]]
 
 
 def _plain_job(selector: dict) -> str | None:
@@ -201,8 +201,10 @@ class FrameworkHookActuator(Actuator):
         return out
 
     def plan(self, target: Target, params: dict) -> Change:
-        handler, args = str(params["handler"]), dict(params.get("args") or {})
-        timeout = _seconds(params.get("timeout", 10.0))
+        checked = self.checked(params)
+        handler, args = checked["handler"], dict(checked.get("args") or {})
+        timeout = checked.get("timeout", self.spec.param("timeout").default)
+        boundary = checked.get("at_step_boundary", self.spec.param("at_step_boundary").default)
         endpoints = self.endpoints(target)
         if not endpoints:
             raise PermanentActuatorError(f"no hook socket for {target.key()} in {self.hook_dir}")
@@ -215,18 +217,17 @@ class FrameworkHookActuator(Actuator):
             after.append({**where, "state": preview["after"] if preview else args})
             undo = undo and reply["has_undo"]
         call = f"{handler}({', '.join(f'{k}={v!r}' for k, v in sorted(args.items()))})"
-        when = " at the next step boundary" if params.get("at_step_boundary", True) else ""
+        when = " at the next step boundary" if boundary else ""
         procs = ", ".join(f"{ep.job} rank {ep.rank} pid {ep.pid}" for ep in endpoints)
         summary = (f"framework_hook: {call} on {procs}{when}; "
                    + ("revert calls its undo" if undo else "no undo: revert is a no-op"))
-        params = {**params, "handler": handler, "args": args, "timeout": timeout,
-                  "at_step_boundary": bool(params.get("at_step_boundary", True))}
+        params = {**checked, "handler": handler, "args": args, "timeout": timeout, "at_step_boundary": boundary}
         return Change("framework_hook", target, params, {"handler": handler, "endpoints": before},
                       {"handler": handler, "endpoints": after}, summary)
 
     def _send(self, endpoint: dict, op: str, params: dict) -> dict:
         boundary = bool(params.get("at_step_boundary", True))
-        timeout = _seconds(params.get("timeout", 10.0))
+        timeout = float(params.get("timeout", self.spec.param("timeout").default))
         return HookClient(endpoint["socket"]).request(
             op, timeout + GRACE if boundary else timeout, handler=params["handler"], args=params.get("args") or {},
             at_step_boundary=boundary, timeout=timeout, instance=endpoint["instance"])

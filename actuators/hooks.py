@@ -6,7 +6,8 @@ signals. A background thread serves a Unix socket at
 ``<hook_dir>/<job>-<rank>-<pid>.sock`` (mode 0600, or 0660 with ``group``) speaking
 JSON lines; every caller is checked with SO_PEERCRED (allowed: the script's own uid,
 root, and ``allowed_uids``). Handler exceptions are returned to the caller as
-errors and never reach the training loop. Standard library only.
+errors and never reach the training loop. Standard library only, besides the
+tiny ``reflexarc.core.signals`` that declares the step signals.
 
 Example::
 
@@ -57,9 +58,17 @@ from concurrent.futures import CancelledError, Future, TimeoutError as FutureTim
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from reflexarc.core.signals import SignalSpec
+
 DEFAULT_HOOK_DIR = "/run/reflexarc/hooks"
-# The step signals a script may report (names from reflexarc's signal catalogue).
-SIGNALS = ("step_time_ms", "dataloader_batch_wait_ms", "mfu_pct")
+# The step signals a script may report; the controller's signal catalogue takes them from here.
+SIGNALS = (
+    SignalSpec("step_time_ms", "ms", ("node", "job", "rank"), "gauge", "Training step time"),
+    SignalSpec("dataloader_batch_wait_ms", "ms", ("node", "job", "rank"), "gauge",
+               "Time the training loop waited for the next batch (framework hook)"),
+    SignalSpec("mfu_pct", "%", ("node", "job", "rank"), "gauge", "Model FLOPs utilisation"),
+)
+SIGNAL_NAMES = tuple(s.name for s in SIGNALS)
 JOB_CHARS = r"[A-Za-z0-9_.:-]"
 JOB_NAME = re.compile(JOB_CHARS + "{1,64}")
 MAX_REQUEST = 1 << 20
@@ -207,9 +216,9 @@ class Hooks:
     def report(self, iteration: int | None = None, **values: float) -> None:
         """Record step signals, e.g. ``report(step_time_ms=182.0, iteration=41)``; a reader
         gets the mean over the steps since its previous read."""
-        unknown = set(values) - set(SIGNALS)
+        unknown = set(values) - set(SIGNAL_NAMES)
         if unknown:
-            raise ValueError(f"unknown step signal(s) {sorted(unknown)}; known: {', '.join(SIGNALS)}")
+            raise ValueError(f"unknown step signal(s) {sorted(unknown)}; known: {', '.join(SIGNAL_NAMES)}")
         now = time.time()
         with self._lock:
             for name, value in values.items():

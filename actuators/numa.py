@@ -10,52 +10,20 @@ Example::
     topo = NumaTopology("/sys")
     topo.nodes()                          # {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}
     topo.device_node("0000:3b:00.0")      # 1, or None when the device reports -1
-    format_cpulist([0, 1, 2, 5])          # "0-2,5"
 
 Overhead: a few small file reads per call; nothing is cached, so CPU hotplug is seen.
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from pathlib import Path
+
+from reflexarc.core.cpus import parse_cpulist
 
 from .base import PermanentActuatorError
 
 # domain:bus:device.function, the domain optional ("3b:00.0" means "0000:3b:00.0").
 PCI_ADDRESS = re.compile(r"(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """``"0-3,8,10-11"`` -> ``[0, 1, 2, 3, 8, 10, 11]``; an empty list for ``""``."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            first, last = int(lo), int(hi or lo)
-        except ValueError:
-            raise ValueError(f"bad cpulist element {part!r}") from None
-        if first < 0 or last < first:
-            raise ValueError(f"bad cpulist range {part!r}")
-        cpus.update(range(first, last + 1))
-    return sorted(cpus)
-
-
-def format_cpulist(cpus: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"`` (the kernel's own notation)."""
-    out, run = [], []
-    for cpu in sorted(set(cpus)):
-        if run and cpu == run[-1] + 1:
-            run.append(cpu)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [cpu]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
 
 
 def normalise_pci_address(address: str) -> str:

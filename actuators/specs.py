@@ -8,52 +8,13 @@ Example::
 
     SPECS["affinity"].param("node")   # ParamSpec(name="node", type="int", ...)
 
-Also the parameter forms more than one layer reads: DSCP names and port ranges.
+Parameter types and their conversion: ``reflexarc.core.params``.
 
-Overhead: constants and small parsers.
+Overhead: constants only.
 """
 from __future__ import annotations
 
-import re
-
 from .base import ActuatorSpec, ParamSpec as P
-
-DSCP_CODES = {**{f"CS{n}": 8 * n for n in range(8)},
-              **{f"AF{x}{y}": 8 * x + 2 * y for x in range(1, 5) for y in range(1, 4)},
-              "EF": 46, "LE": 1}
-DSCP_NAMES = tuple(DSCP_CODES)
-_RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
-
-
-def dscp_code(value) -> int:
-    """DSCP number 0-63 from a name (``CS1``, ``AF41``, ``EF``, ``LE``) or a number; ValueError otherwise."""
-    text = str(value).strip().upper()
-    if text in DSCP_CODES:
-        return DSCP_CODES[text]
-    if text.isdigit() and 0 <= int(text) <= 63:
-        return int(text)
-    raise ValueError(f"bad DSCP '{value}': use a name ({', '.join(DSCP_NAMES)}) or a number 0-63")
-
-
-def port_ranges(value) -> list[tuple[int, int]]:
-    """``["29500-29510", 80, [1, 2]]`` (or one item) -> inclusive (lo, hi) ranges; ValueError otherwise."""
-    if value is None:
-        return []
-    items = value if isinstance(value, (list, tuple)) else [value]
-    out = []
-    for item in items:
-        if isinstance(item, (list, tuple)) and len(item) == 2:
-            lo, hi = int(item[0]), int(item[1])
-        else:
-            match = _RANGE_RE.match(str(item))
-            if not match or isinstance(item, bool):
-                raise ValueError(f"bad port range '{item}': use a port or 'lo-hi'")
-            lo, hi = int(match.group(1)), int(match.group(2) or match.group(1))
-        if not 1 <= lo <= hi <= 65535:
-            raise ValueError(f"bad port range {lo}-{hi}: ports are 1-65535 and lo <= hi")
-        out.append((lo, hi))
-    return out
-
 
 SPECS: dict[str, ActuatorSpec] = {s.name: s for s in (
     ActuatorSpec("log", "Write a line to the controller log and audit trail.", (
@@ -73,7 +34,7 @@ SPECS: dict[str, ActuatorSpec] = {s.name: s for s in (
         P("reserved_cpus", "int_list", default=None, help="CPUs to leave free"),
     )),
     ActuatorSpec("dscp", "Retag matching egress flows with a DSCP value through a tc-BPF classifier.", (
-        P("dscp", "str", required=True, help="DSCP name (CS1, AF41, EF, ...) or number 0-63"),
+        P("dscp", "dscp", required=True, help="DSCP name (CS1, AF41, EF, ...) or number 0-63"),
         P("interfaces", "str_list", help="defaults to the selector's interfaces"),
         P("ports", "port_range", help="L4 port ranges to match, e.g. ['29500-29510']"),
         P("protocol", "str", default="tcp", choices=("tcp", "udp", "any")),

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from reflexarc.core.signals import SignalSpec
+
 from .loghist import SLOTS, quantiles
 from .maps import RunningTotals, drain, drain_hists
 from .probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
@@ -50,7 +52,13 @@ TRACEPOINT_PAIRS = (
 class BlockIo(Probe):
     name = "block_io"
     tier = "light"
-    signals = ("block_rq_latency_us", "block_requests_total", "block_small_io_ratio")
+    signals = (
+        SignalSpec("block_rq_latency_us", "us", ("node", "dev", "quantile"), "gauge",
+                   "Block request latency issue to complete, per interval quantile"),
+        SignalSpec("block_requests_total", "1", ("node", "dev"), "counter", "Block requests completed"),
+        SignalSpec("block_small_io_ratio", "ratio", ("node", "dev"), "gauge",
+                   "Share of block requests smaller than 128 KiB"),
+    )
     fallback_order = (
         "block:block_rq_issue -> block:block_rq_complete",
         "block:block_io_start -> block:block_io_done (degraded: includes queueing time)",

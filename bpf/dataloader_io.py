@@ -8,8 +8,11 @@ the read family of syscalls from entry to exit. The kernel keeps a log-linear
 histogram per process (<= 25 % wide slots) and the loader interpolates the
 quantiles, so an injected 2 ms stall reads as ~2 ms, not as "1-2 ms".
 
-Signals: ``dataloader_read_latency_us{pid,quantile}`` (per interval, "0.5" and
-"0.99") and ``dataloader_reads_total{pid}`` (running counter).
+Signals: ``dataloader_read_latency_us{pid,trainer,quantile}`` (per interval,
+"0.5" and "0.99") and ``dataloader_reads_total{pid,trainer}`` (running
+counter). ``trainer`` is the worker's training process (``bpf/trainers.py``),
+the same for the new workers of every epoch; it is left out for a process
+that exited before its first collect, or an orphan.
 
 Fallback order: io_uring_submit_req + io_uring_complete with the read syscalls
 (ok); io_uring_submit_sqe of older kernels, when it carries the request pointer
@@ -22,7 +25,7 @@ Example::
     probe.start()
     ...
     for name, labels, value in probe.collect(now=time.time()):
-        print(name, labels["pid"], labels.get("quantile"), value)
+        print(name, labels["pid"], labels.get("trainer"), labels.get("quantile"), value)
 
 Overhead: every read syscall on the node costs two tracepoint hits (~10 ns
 each on bare metal) and, on entry, the selection test (an array and a hash
@@ -32,14 +35,18 @@ insert and delete and a histogram increment. Measured on the 2-core test VM
 unselected read (the cost of two empty programs), +1 us per selected read or
 io_uring request (bench/probe_overhead.py). Enabling any syscall tracepoint
 also moves every syscall on the node to the kernel's traced path (+0.1 us
-there). Collect: one batched map read.
+there). Collect: one batched map read; /proc reads for a worker's ``trainer``
+only when the worker is first seen, and one ``stat`` per idle one.
 """
 from __future__ import annotations
+
+from reflexarc.core.procfs import ProcFS
+from reflexarc.core.signals import SignalSpec
 
 from .loghist import SLOTS, quantiles
 from .maps import RunningTotals, drain_hists, sync_selection
 from .probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
-from .tasks import ProcTasks
+from .trainers import Trainers
 
 READ_SYSCALLS = ("read", "pread64", "readv", "preadv", "preadv2")
 URING_SUBMIT_EVENTS = ("io_uring_submit_req", "io_uring_submit_sqe")
@@ -65,7 +72,13 @@ def tracepoint_fields(features: KernelFeatures, category: str, event: str) -> se
 class DataloaderIo(Probe):
     name = "dataloader_io"
     tier = "light"
-    signals = ("dataloader_read_latency_us", "dataloader_reads_total")
+    # trainer: the training process that owns the worker; rank: that process's rank.
+    signals = (
+        SignalSpec("dataloader_read_latency_us", "us", ("node", "job", "pid", "quantile", "trainer", "rank"), "gauge",
+                   "I/O latency of DataLoader worker reads (io_uring and read syscalls), per interval quantile"),
+        SignalSpec("dataloader_reads_total", "1", ("node", "job", "pid", "trainer", "rank"), "counter",
+                   "Reads completed by a DataLoader worker"),
+    )
     fallback_order = (
         "io_uring:io_uring_submit_req + io_uring:io_uring_complete, and "
         "syscalls:sys_{enter,exit}_{read,pread64,readv,preadv,preadv2}",
@@ -81,7 +94,8 @@ class DataloaderIo(Probe):
         self.max_pids = max_pids
         self.max_threads = max_threads
         self.max_inflight = max_inflight
-        self.procs = ProcTasks(proc_root)
+        self.procs = ProcFS(proc_root)
+        self.trainers = Trainers(proc_root)
         self.totals = RunningTotals()
         self._syscalls: list[str] = []
         self._uring_submit: str | None = None
@@ -162,4 +176,5 @@ class DataloaderIo(Probe):
             out.append(("dataloader_reads_total", self.labels(pid=pid), total))
         active = set(hists)
         self.totals.forget(pid for pid in self.totals.keys() - active if not self.procs.alive(pid))
+        self.trainers.prune(active)
         return out

@@ -28,6 +28,8 @@ per syscall shared with the other syscall probes. Collect: two batched map reads
 """
 from __future__ import annotations
 
+from reflexarc.core.signals import SignalSpec
+
 from .loghist import SLOTS, quantiles
 from .maps import drain, drain_hists, sync_selection
 from .probe import OK, UNSUPPORTED, Probe, ProbeStatus, Selection
@@ -39,7 +41,12 @@ MAX_SELECTED = 1024
 class GpuSubmit(Probe):
     name = "gpu_submit"
     tier = "light"
-    signals = ("gpu_submit_rate_hz", "gpu_submit_gap_us")
+    signals = (
+        SignalSpec("gpu_submit_rate_hz", "1/s", ("node", "job", "pid"), "gauge",
+                   "NVIDIA driver ioctl submissions per second"),
+        SignalSpec("gpu_submit_gap_us", "us", ("node", "job", "pid", "quantile"), "gauge",
+                   "Gap between consecutive submissions, per interval quantile"),
+    )
     fallback_order = ("tracepoint syscalls:sys_enter_ioctl", "none")
 
     def __init__(self, selection: Selection | None = None, features=None, node: str = "",

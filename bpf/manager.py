@@ -36,9 +36,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from reflexarc.core.procfs import ProcFS
+
 from . import catalog
 from .probe import DEGRADED, OK, STOPPED, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
-from .tasks import ProcTasks
 
 Sample = tuple[str, dict, float]
 RUNNING = (OK, DEGRADED)
@@ -82,7 +83,7 @@ class ProbeManager:
         self.interval = interval
         self.features = features or KernelFeatures()
         self.node = node
-        self.tasks = ProcTasks(proc_root)
+        self.procfs = ProcFS(proc_root)
         self.clock = clock
         self.armed_after: float | None = None   # seconds from start() to every probe armed
         self._probes: dict[str, Probe] = {}
@@ -201,7 +202,7 @@ class ProbeManager:
     # --- selection ------------------------------------------------------
     def _resolve(self) -> Selection:
         base = self.base_selection
-        found = {p.pid for p in self.tasks.find_by_comm(base.comms)}
+        found = set(self.procfs.find(base.comms))
         return replace(base, pids=tuple(sorted(set(int(p) for p in base.pids) | found)))
 
     def refresh_selection(self) -> bool:
@@ -297,7 +298,7 @@ def _list(mgr: ProbeManager) -> str:
         probe = mgr.probes.get(name) or cls(mgr.selection, mgr.features, mgr.node)
         status = probe.capability()
         lines.append(f"{name:<14} {tier:<5} {status}")
-        lines.append(f"{'':<20} signals: {', '.join(cls.signals)}")
+        lines.append(f"{'':<20} signals: {', '.join(s.name for s in cls.signals)}")
         for i, step in enumerate(cls.fallback_order, 1):
             lines.append(f"{'':<20} fallback {i}: {step}")
         for point in status.attach_points:

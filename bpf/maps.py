@@ -22,7 +22,7 @@ found.
 
 Example::
 
-    sync_selection(probe.bpf, Selection(comms=("pt_data_worker",)), ProcTasks())
+    sync_selection(probe.bpf, Selection(comms=("pt_data_worker",)), ProcFS())
     for key, value in drain(probe.bpf[b"reads"]):
         totals.add(key, value)
     for pid, hist in drain_hists(probe.bpf[b"lat_hist"]).items():
@@ -38,31 +38,25 @@ import ctypes as ct
 from collections import defaultdict
 from collections.abc import Hashable, Iterable
 
+from reflexarc.core.procfs import ProcFS, comm_bytes
+
 from .probe import Selection
-from .tasks import ProcTasks
-
-COMM_LEN = 16
-
-
-def comm_bytes(comm: str) -> bytes:
-    """A task name as the kernel stores it: at most 15 bytes (then NUL)."""
-    return comm.encode()[:COMM_LEN - 1]
 
 
 SEL_FILTER = 1    # sel_mode bits (as in reflexarc_common.h): a selection is in force
 SEL_CGROUPS = 2   # ... and it names cgroups (the hot path reads the cgroup id)
 
 
-def selected_pids(selection: Selection, procs: ProcTasks | None) -> set[int]:
+def selected_pids(selection: Selection, procs: ProcFS | None) -> set[int]:
     """The selection's pids plus, given a proc scanner, every process named as
     one of its comms."""
     pids = {int(p) for p in selection.pids}
     if procs is not None:
-        pids |= {p.pid for p in procs.find_by_comm(selection.comms)}
+        pids |= set(procs.find(selection.comms))
     return pids
 
 
-def sync_selection(bpf, selection: Selection, procs: ProcTasks | None = None) -> set[int]:
+def sync_selection(bpf, selection: Selection, procs: ProcFS | None = None) -> set[int]:
     """Make the selection maps of ``bpf`` equal ``selection``; returns the pids
     written to ``sel_pid``. With ``procs`` the comms are resolved to processes
     under it (for programs that test only ``sel_pid`` per event); without, the

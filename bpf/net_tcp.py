@@ -31,6 +31,8 @@ import ctypes as ct
 import ipaddress
 from collections import defaultdict
 
+from reflexarc.core.signals import SignalSpec
+
 from .loghist import SLOTS, quantiles
 from .maps import drain
 from .probe import DEGRADED, OK, UNSUPPORTED, Probe, ProbeStatus, Selection
@@ -61,7 +63,12 @@ def format_flow(saddr: bytes, sport: int, daddr: bytes, dport: int) -> str:
 class NetTcp(Probe):
     name = "net_tcp"
     tier = "light"
-    signals = ("tcp_retransmits_total", "tcp_srtt_us")
+    signals = (
+        SignalSpec("tcp_retransmits_total", "1", ("node", "job", "flow", "port"), "counter",
+                   "TCP retransmissions on selected flows"),
+        SignalSpec("tcp_srtt_us", "us", ("node", "job", "flow", "port", "quantile"), "gauge",
+                   "Smoothed TCP round-trip time on selected flows"),
+    )
     fallback_order = ("tracepoints tcp:tcp_retransmit_skb + tcp:tcp_probe",
                       "tracepoint tcp:tcp_retransmit_skb only (no srtt)", "none")
 

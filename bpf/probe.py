@@ -2,16 +2,23 @@
 fallback, status, compile-once, interval collection into signals.
 
 Each probe is ``bpf/<name>.bpf.c`` beside its loader ``bpf/<name>.py``; the loader
-subclasses ``Probe``. Parameters reach the C through ``cflags`` (``-DNAME=value``),
-never by splicing text. The C the programs share is ``bpf/reflexarc_common.h``;
-``final_source()`` inlines it where a program includes it (bcc rewrites map
-calls and tracepoint arguments only in the file it compiles, so a header found
-through ``-I`` would not compile), with ``#line`` markers that keep compiler
-messages pointing at the real file and line. A probe compiles once in
+subclasses ``Probe`` and declares the signals it emits in ``signals``
+(``SignalSpec``s: name, unit, labels, kind, help); the controller's signal
+catalogue is assembled from those declarations, so a probe listed in
+``catalog.py`` needs no edit elsewhere. Parameters reach the C through
+``cflags`` (``-DNAME=value``), never by splicing text. The C the programs
+share is ``bpf/reflexarc_common.h``; ``final_source()`` inlines it where a
+program includes it (bcc rewrites map calls and tracepoint arguments only in
+the file it compiles, so a header found through ``-I`` would not compile),
+with ``#line`` markers that keep compiler messages pointing at the real file
+and line. A probe compiles once in
 ``start()``, aggregates in the kernel, and ``collect(now)`` reads (and resets)
 its maps once per interval, returning plain ``(signal_name, labels, value)``
 tuples: this layer does not know the controller; the controller stamps and
-publishes them.
+publishes them. A probe whose signals are per DataLoader worker sets
+``trainers`` (``bpf.trainers.Trainers``): then every signal with a ``pid`` label
+also carries ``trainer``, the worker's training process, which outlives the
+per-epoch workers.
 
 Example::
 
@@ -31,12 +38,20 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reflexarc.core.signals import SignalSpec
+
 HERE = Path(__file__).resolve().parent
 
 # A program's own headers: #include "name.h", looked up in this folder.
 LOCAL_INCLUDE = re.compile(r'^#include "([^"/]+)"[ \t]*$', re.MULTILINE)
 
 OK, DEGRADED, UNSUPPORTED, STOPPED = "ok", "degraded", "unsupported", "stopped"
+
+# Signals about the probes themselves, which any probe may emit.
+EVENTS_LOST = SignalSpec("probe_events_lost_total", "1", ("node", "probe"), "counter",
+                         "Discrete probe events dropped because the ring buffer was full")
+DEEP_EVENTS_PER_S = SignalSpec("deep_probe_events_per_s", "1/s", ("node", "probe"), "gauge",
+                               "Events handled by the deep probe tier")
 
 
 @dataclass
@@ -95,8 +110,9 @@ class Probe:
 
     name: str = ""
     tier: str = "light"              # "light" (always on) or "deep" (on demand)
-    signals: tuple[str, ...] = ()    # catalogued signal names this probe emits
+    signals: tuple[SignalSpec, ...] = ()  # what this probe emits; the signal catalogue reads it
     fallback_order: tuple[str, ...] = ()  # human-readable, shown by `reflexarc probes`
+    trainers = None                  # a trainers.Trainers: adds ``trainer`` to labels with a ``pid``
 
     def __init__(self, selection: Selection | None = None, features: KernelFeatures | None = None,
                  node: str = "") -> None:
@@ -189,8 +205,14 @@ class Probe:
             self.status = ProbeStatus(STOPPED, "", self.status.attach_points)
 
     def labels(self, **extra) -> dict:
+        """``node``, ``job`` and ``extra`` as strings; with a ``pid`` and
+        ``trainers``, also the pid's ``trainer`` when it is known."""
         base = {"node": self.node}
         if self.selection.job:
             base["job"] = self.selection.job
+        if self.trainers is not None and "pid" in extra:
+            trainer = self.trainers.of(int(extra["pid"]))
+            if trainer is not None:
+                base["trainer"] = str(trainer)
         base.update({k: str(v) for k, v in extra.items()})
         return base

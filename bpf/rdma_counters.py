@@ -24,7 +24,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SIGNAL = "rdma_hw_counter_rate"
+from reflexarc.core.signals import SignalSpec
+
+SIGNAL = SignalSpec("rdma_hw_counter_rate", "1/s", ("node", "dev", "port", "counter"), "gauge",
+                    "Rate of an RDMA hardware counter (cnp, retries, out-of-sequence)")
 
 # Congestion (ECN/CNP), loss and retransmission counters of mlx5 and most RoCE
 # drivers; absent files are skipped.
@@ -77,7 +80,7 @@ class RdmaCounterPoller:
             self._last[key] = (now, value)
             if last is None or now <= last[0] or value < last[1]:
                 continue
-            out.append((SIGNAL, {"dev": dev, "port": port, "counter": name},
+            out.append((SIGNAL.name, {"dev": dev, "port": port, "counter": name},
                         (value - last[1]) / (now - last[0])))
         for gone in self._last.keys() - seen:
             del self._last[gone]

@@ -50,10 +50,12 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from reflexarc.core.signals import SignalSpec
+
 from .loghist import SLOTS, quantiles
 from .maps import drain
-from .probe import DEGRADED, UNSUPPORTED, Probe, ProbeStatus, Selection
-from .rdma_counters import DEFAULT_COUNTERS, RdmaCounterPoller
+from .probe import DEEP_EVENTS_PER_S, DEGRADED, UNSUPPORTED, Probe, ProbeStatus, Selection
+from .rdma_counters import DEFAULT_COUNTERS, SIGNAL as COUNTER_SIGNAL, RdmaCounterPoller
 
 KERNEL_VERBS_SYMBOLS = ("mlx5_ib_post_send", "mlx5_ib_poll_cq", "ib_post_send")
 
@@ -105,7 +107,12 @@ class UprobeTarget:
 class RdmaQp(Probe):
     name = "rdma_qp"
     tier = "deep"
-    signals = ("rdma_qp_completion_latency_us", "rdma_hw_counter_rate", "deep_probe_events_per_s")
+    signals = (
+        SignalSpec("rdma_qp_completion_latency_us", "us", ("node", "qp", "dev", "quantile"), "gauge",
+                   "RDMA queue-pair post to completion latency"),
+        COUNTER_SIGNAL,
+        DEEP_EVENTS_PER_S,
+    )
     fallback_order = (
         "kprobes on kernel verbs (" + ", ".join(KERNEL_VERBS_SYMBOLS) + ")",
         "uprobes on user-space verbs post/poll symbols named in params",

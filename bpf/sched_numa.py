@@ -9,11 +9,14 @@ crossing through a CPU -> node array loaded from ``bpf/topology.py`` (an
 override such as ``{0: [0], 1: [1]}`` makes a one-node machine testable), and
 keeps a log-linear histogram of wakeup (or preemption) to switch-in delay.
 
-Signals: ``numa_migrations_total{pid}`` and ``numa_cross_migrations_total{pid}``
-(running counters since the probe started; selected processes are reported
-from zero), ``dataloader_runq_latency_us{pid,quantile}`` (per interval), and
+Signals: ``numa_migrations_total{pid,trainer}`` and
+``numa_cross_migrations_total{pid,trainer}`` (running counters since the probe
+started; selected processes are reported from zero),
+``dataloader_runq_latency_us{pid,trainer,quantile}`` (per interval), and
 ``probe_events_lost_total{probe="sched_numa"}`` (running count of events the
-full ring buffer could not take).
+full ring buffer could not take). ``trainer`` is the worker's training process
+(``bpf/trainers.py``), the same for the new workers of every epoch; it is left
+out for a process that exited before its first collect, or an orphan.
 
 Events: each cross-NUMA migration is also sent through a ring buffer as one
 event; ``collect`` polls it without blocking and keeps the last ``MAX_EVENTS``
@@ -32,7 +35,7 @@ Example::
     probe = SchedNuma(Selection(comms=("pt_data_worker",)), topology=Topology({0: [0], 1: [1]}))
     probe.start()
     ...
-    probe.collect(now=time.time())   # [("numa_migrations_total", {"pid": "4242", ...}, 3), ...]
+    probe.collect(now=time.time())   # [("numa_migrations_total", {"pid": "4250", "trainer": "4242", ...}, 3), ...]
     probe.drain_events()             # [{"kind": "cross_numa_migration", "tgid": 4242, ...}]
 
 Overhead: sched_switch fires on every context switch on the node (~10 ns on
@@ -42,8 +45,10 @@ lookup unless the thread is watched; a crossing adds one ring-buffer reserve
 and submit (48 bytes; 8 pages hold ~580 events between polls). On the 2-core
 test VM a pipe ping-pong between two processes (~10 us a round trip) showed no
 difference above noise. Collect: two batched map reads, one non-blocking ring
-buffer poll and one per-CPU array read; a selection change scans /proc for the
-comms and lists /proc/<pid>/task of each selected process.
+buffer poll and one per-CPU array read; /proc reads for a worker's ``trainer``
+only when the worker is first seen, and one ``stat`` per idle one; a selection
+change scans /proc for the comms and lists /proc/<pid>/task of each selected
+process.
 """
 from __future__ import annotations
 
@@ -52,11 +57,15 @@ import os
 import time
 from collections import deque
 
+from reflexarc.core.cpus import parse_cpulist
+from reflexarc.core.procfs import ProcFS
+from reflexarc.core.signals import SignalSpec
+
 from .loghist import SLOTS, quantiles
 from .maps import RunningTotals, drain, drain_hists, sync_selection
-from .probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
-from .tasks import ProcTasks
-from .topology import Topology, parse_cpulist
+from .probe import DEGRADED, EVENTS_LOST, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
+from .topology import Topology
+from .trainers import Trainers
 
 MAX_SELECTED = 1024
 MAX_EVENTS = 256        # events kept between drains; older ones are dropped
@@ -93,8 +102,16 @@ def _comm_is_data_loc(features: KernelFeatures) -> bool:
 class SchedNuma(Probe):
     name = "sched_numa"
     tier = "light"
-    signals = ("numa_migrations_total", "numa_cross_migrations_total", "dataloader_runq_latency_us",
-               "probe_events_lost_total")
+    # trainer: the training process that owns the worker; rank: that process's rank.
+    signals = (
+        SignalSpec("numa_migrations_total", "1", ("node", "job", "pid", "trainer", "rank"), "counter",
+                   "Task migrations between CPUs of a selected task"),
+        SignalSpec("numa_cross_migrations_total", "1", ("node", "job", "pid", "trainer", "rank"), "counter",
+                   "Task migrations that crossed a NUMA node boundary"),
+        SignalSpec("dataloader_runq_latency_us", "us", ("node", "job", "pid", "quantile", "trainer", "rank"), "gauge",
+                   "Run-queue latency (wakeup to switch-in) of DataLoader worker threads, per interval quantile"),
+        EVENTS_LOST,
+    )
     fallback_order = (
         "sched:sched_migrate_task + sched:sched_wakeup + sched:sched_wakeup_new + sched:sched_switch",
         "without sched:sched_wakeup_new (degraded: a new thread's first wait unseen)",
@@ -111,7 +128,8 @@ class SchedNuma(Probe):
         self.max_pids = max_pids
         self.max_threads = max_threads
         self.ring_pages = ring_pages
-        self.procs = ProcTasks(proc_root)
+        self.procs = ProcFS(proc_root)
+        self.trainers = Trainers(proc_root)
         self.migrations = RunningTotals()   # key (pid, "all" | "cross")
         self._wakeups: list[str] = []
         self._exit_tracepoint = False
@@ -224,4 +242,5 @@ class SchedNuma(Probe):
         active = {pid for pid, _ in moved} | self._pids
         gone = {key for key in self.migrations.keys() if key[0] not in active and not self.procs.alive(key[0])}
         self.migrations.forget(gone)
+        self.trainers.prune(active | set(hists))
         return out

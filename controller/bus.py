@@ -1,6 +1,12 @@
 """The signal bus: every source publishes samples here; rules read windows from it.
 
-Series are keyed by (name, label set) and keep samples for ``retention`` seconds.
+Series are keyed by (name, label set) and keep samples for ``retention``
+seconds; a series with no sample in that time is dropped by ``expire`` (a
+process that exited leaves nothing behind). Each signal name has a
+*generation* that changes whenever one of its series appears or is dropped,
+so a reader can resolve its series once and look again only when the
+generation moved; each series counts its appends (``version``), so a reader
+can tell that nothing new arrived without reading the points.
 
 Example::
 
@@ -8,17 +14,20 @@ Example::
     bus.publish("step_time_ms", {"job": "llama", "rank": "0"}, 180.0, ts=12.0)
     for labels, points in bus.select("step_time_ms", {"job": "llama"}, since=0.0):
         ...
+    gen, series = bus.generation("step_time_ms"), bus.series("step_time_ms")
+    lo, hi = series[0].bounds(since=0.0, until=12.0)      # indices into .ts/.vs
 
 Overhead: O(1) amortised per sample (list append, pruning in halves); a select
-binary-searches each series of one signal name for its window.
+binary-searches each series of one signal name for its window; ``expire``
+walks every series once (the controller calls it every few seconds).
 """
 from __future__ import annotations
 
 import bisect
+import math
 import re
 import threading
 from typing import Iterator
-
 
 
 def label_key(labels: dict) -> tuple:
@@ -44,17 +53,26 @@ class Matcher:
         return all(test(labels.get(key)) for key, test in self._tests)
 
 
-class _Series:
-    """Time-ordered points in two parallel lists; old points are dropped in bulk."""
+class Series:
+    """Time-ordered points of one labelled series in two parallel lists; old
+    points are dropped in bulk. ``head`` is the first live point, ``version``
+    counts appends."""
 
-    __slots__ = ("ts", "vs", "head")
+    __slots__ = ("labels", "ts", "vs", "head", "version")
 
-    def __init__(self) -> None:
+    def __init__(self, labels: dict) -> None:
+        self.labels = labels
         self.ts: list[float] = []
         self.vs: list[float] = []
-        self.head = 0            # index of the first live point
+        self.head = 0
+        self.version = 0
+
+    @property
+    def last_ts(self) -> float:
+        return self.ts[-1] if self.ts else -math.inf
 
     def append(self, ts: float, value: float, horizon: float) -> None:
+        self.version += 1
         if self.ts and ts < self.ts[-1]:        # out of order: keep the lists sorted
             i = bisect.bisect_right(self.ts, ts)
             self.ts.insert(i, ts)
@@ -67,39 +85,72 @@ class _Series:
             del self.ts[:self.head], self.vs[:self.head]
             self.head = 0
 
+    def bounds(self, since: float, until: float) -> tuple[int, int]:
+        """Indices ``lo, hi`` of the points with ``since < ts <= until``."""
+        ts = self.ts
+        lo = bisect.bisect_right(ts, since, self.head)
+        hi = len(ts) if not ts or ts[-1] <= until else bisect.bisect_right(ts, until, lo)
+        return lo, hi
+
     def window(self, since: float, until: float | None) -> list[tuple[float, float]]:
-        lo = bisect.bisect_right(self.ts, since, self.head)
-        hi = len(self.ts) if until is None else bisect.bisect_right(self.ts, until, lo)
+        lo, hi = self.bounds(since, math.inf if until is None else until)
         return list(zip(self.ts[lo:hi], self.vs[lo:hi]))
 
 
 class SignalBus:
     def __init__(self, retention: float = 900.0) -> None:
         self.retention = retention
-        self._series: dict[str, dict[tuple, _Series]] = {}
+        self._series: dict[str, dict[tuple, Series]] = {}
+        self._generation: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def publish(self, name: str, labels: dict, value: float, ts: float) -> None:
-        labels = {str(k): str(v) for k, v in labels.items()}
         key = label_key(labels)
         with self._lock:
-            by_name = self._series.setdefault(name, {})
+            by_name = self._series.get(name)
+            if by_name is None:
+                by_name = self._series[name] = {}
             series = by_name.get(key)
             if series is None:
-                series = by_name[key] = _Series()
+                series = by_name[key] = Series(dict(key))
+                self._generation[name] = self._generation.get(name, 0) + 1
             series.append(ts, float(value), ts - self.retention)
+
+    def generation(self, name: str) -> int:
+        """Changes whenever a series of ``name`` appears or is dropped."""
+        return self._generation.get(name, 0)
+
+    def series(self, name: str) -> list[Series]:
+        """Every live series of ``name`` (the objects themselves: read, do not change)."""
+        with self._lock:
+            return list(self._series.get(name, {}).values())
+
+    def series_count(self) -> int:
+        with self._lock:
+            return sum(len(by_name) for by_name in self._series.values())
+
+    def expire(self, now: float) -> int:
+        """Drop the series whose newest sample is older than the retention; returns how many."""
+        horizon = now - self.retention
+        dropped = 0
+        with self._lock:
+            for name, by_name in self._series.items():
+                dead = [key for key, s in by_name.items() if s.last_ts <= horizon]
+                for key in dead:
+                    del by_name[key]
+                if dead:
+                    dropped += len(dead)
+                    self._generation[name] = self._generation.get(name, 0) + 1
+        return dropped
 
     def select(self, name: str, matchers: dict | Matcher | None, since: float,
                until: float | None = None) -> Iterator[tuple[dict, list[tuple[float, float]]]]:
         """Yield (labels, points in (since, until]) for each series of ``name`` that matches."""
         match = matchers if isinstance(matchers, Matcher) else Matcher(matchers)
-        with self._lock:
-            items = list(self._series.get(name, {}).items())
-            out = []
-            for key, series in items:
-                labels = dict(key)
-                if match(labels):
-                    points = series.window(since, until)
-                    if points:
-                        out.append((labels, points))
+        out = []
+        for series in self.series(name):
+            if match(series.labels):
+                points = series.window(since, until)
+                if points:
+                    out.append((dict(series.labels), points))
         yield from out

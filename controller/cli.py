@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from reflexarc.actuators.base import ActuatorError
+from reflexarc.core.outcomes import Outcome
 
 from .policy.model import MODES
 
@@ -179,13 +180,15 @@ def cmd_run(args) -> int:
         for name, status in manager.start().items():
             logging.getLogger("reflexarc.probes").info("%s: %s", name, status)
         config.deep_tier = manager
-        sources.append(ProbeSource(manager))
+        sources.append(ProbeSource(manager, hook_dir=str(hook_dir) if hook_dir.is_dir() else None))
     journal = _journal(args, clock)
     audit_path = Path(args.audit or Path(args.state_dir) / "audit.jsonl")
     override = None if args.mode == "policy" else args.mode
     ctl = Controller(policies, SignalBus(), build_registry(config), clock, mode_override=override,
-                     journal=journal, audit=AuditLog(audit_path, clock, evals="changes"),
-                     limits=LimitSettings(args.kill_switch, args.max_active, args.actions_per_hour))
+                     journal=journal, audit=AuditLog(audit_path, clock, evals="sampled", sample_every=args.audit_sample,
+                                                    max_bytes=int(args.audit_max_mb * (1 << 20))),
+                     limits=LimitSettings(args.kill_switch, args.max_active, args.actions_per_hour),
+                     target_grace=args.target_grace)
     ctl.start(source="live")
     summary = run_live(ctl, sources, clock, args.interval, args.duration, args.metrics_port)
     journal.close()
@@ -224,45 +227,11 @@ def cmd_top(args) -> int:
     return run_top(_selection(_load_policies(args.policy), args.job), args.interval, args.count)
 
 
-def _coerce(spec, key: str, text: str):
-    from .policy.durations import DurationError, parse_duration
-    p = spec.param(key)
-    if p is None:
-        names = ", ".join(x.name for x in spec.params)
-        raise CliError(f"actuator '{spec.name}' has no parameter '{key}' (it takes: {names})")
-    try:
-        if p.type == "int":
-            return int(text)
-        if p.type == "float":
-            return float(text)
-        if p.type == "bool":
-            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(text)
-            return text.lower() in ("true", "1", "yes")
-        if p.type == "duration":
-            return parse_duration(text)
-        if p.type == "int_list":
-            out = []
-            for part in text.split(","):
-                lo, _, hi = part.partition("-")
-                out.extend(range(int(lo), int(hi or lo) + 1))
-            return out
-        if p.type == "str_list":
-            return [t for t in text.split(",") if t]
-        if p.type == "port_range":
-            return [[int(a), int(b or a)] for a, _, b in (t.partition("-") for t in text.split(","))]
-        if p.type == "mapping":
-            return json.loads(text)
-    except (ValueError, DurationError) as exc:
-        raise CliError(f"{key}={text}: not a valid {p.type} ({exc})") from None
-    if p.choices and text not in p.choices:
-        raise CliError(f"{key}={text}: must be one of {', '.join(p.choices)}")
-    return text
-
-
 def cmd_act(args) -> int:
     from reflexarc.actuators.base import Target
     from reflexarc.actuators.registry import build_registry
+    from reflexarc.core.params import check_params
+    from reflexarc.core.ports import port_ranges
     from .clock import WallClock
     from .executor import Executor
     config = _actuator_config(args)
@@ -272,26 +241,26 @@ def cmd_act(args) -> int:
         config.deep_tier = ProbeManager(Selection(), probes=[])
     registry = build_registry(config)
     if args.actuator not in registry:
-        from .signals import suggest
+        from reflexarc.core.signals import suggest
         hint = suggest(args.actuator, registry.names())
         raise CliError(f"unknown actuator '{args.actuator}'" + (f"; did you mean '{hint}'?" if hint else ""))
     if args.actuator == "deep_tracing" and args.mode == "enforce":
         raise CliError("deep tracing lives as long as the controller that switched it on: "
                        "let a policy switch it (reflexarc run), or plan it here with --mode dry-run")
-    spec = registry.spec(args.actuator)
-    params = {}
+    texts = {}
     for item in args.params:
         key, sep, value = item.partition("=")
         if not sep:
             raise CliError(f"'{item}': parameters are key=value")
-        params[key] = _coerce(spec, key, value)
-    missing = [p.name for p in spec.params if p.required and p.name not in params]
-    if missing:
-        raise CliError(f"actuator '{spec.name}' needs {', '.join(missing)}")
+        texts[key] = value
+    try:
+        params = check_params(registry.spec(args.actuator), texts)
+        ports = port_ranges(args.port)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     labels = dict(kv.partition("=")[::2] for kv in args.label)
     selector = {"match": {"job": args.job} if args.job else {}, "processes": args.process, "pids": args.pid,
-                "cgroup": args.cgroup or "", "interfaces": args.interface,
-                "ports": [[int(a), int(b or a)] for a, _, b in (p.partition("-") for p in args.port)]}
+                "cgroup": args.cgroup or "", "interfaces": args.interface, "ports": ports}
     clock = WallClock()
     journal = _journal(args, clock) if args.mode == "enforce" else None
     ex = Executor(registry, journal, clock)
@@ -306,7 +275,7 @@ def cmd_act(args) -> int:
     print(json.dumps(view, indent=2, sort_keys=True, default=str))
     if journal:
         journal.close()
-    if res.outcome == "failed":
+    if res.outcome is Outcome.FAILED:
         raise CliError(f"{args.actuator}: {res.error}")
     return 0
 
@@ -342,7 +311,7 @@ def cmd_rollback(args) -> int:
     for e in entries:
         res = ex.revert(Change.from_dict(e.change), e.id, "enforce")
         print(f"{e.id} {e.change['actuator']:14s} {res.outcome}" + (f": {res.error}" if res.error else ""))
-        failed += res.outcome == "failed"
+        failed += res.outcome is Outcome.FAILED
     journal.close()
     if not entries:
         print("nothing to roll back")
@@ -408,6 +377,14 @@ def build_parser() -> Parser:
             s.add_argument("--replay", help="also replay signals from a JSONL file")
             s.add_argument("--no-probes", action="store_true", help="do not load the bcc probes")
             s.add_argument("--audit", help="audit log path (default STATE_DIR/audit.jsonl)")
+            s.add_argument("--audit-sample", type=float, default=1200.0, metavar="SECONDS",
+                           help="write a steady rule-target's evaluation at most this often; changes, "
+                                "and every tick on the way to acting, are always written (default %(default)s)")
+            s.add_argument("--audit-max-mb", type=float, default=64.0, metavar="MB",
+                           help="rotate the audit log past this size, keeping 4 older files (default %(default)s)")
+            s.add_argument("--target-grace", type=float, default=60.0, metavar="SECONDS",
+                           help="retire a rule's target this long after its series stopped, beyond the "
+                                "rule's longest window, once it holds nothing (default %(default)s)")
             s.add_argument("--metrics-port", type=int)
             s.add_argument("--kill-switch", default="/run/reflexarc/disable")
             s.add_argument("--max-active", type=int, default=4)

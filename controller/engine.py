@@ -4,6 +4,18 @@ lifecycles, with one journal, one audit log and node-wide limits.
 It takes its clock from outside (simulated time in scenarios, wall time on
 nodes) and its signals from the bus, so the same code runs both.
 
+Targets come and go: a rule's targets are resolved from the bus only when a
+series of its signals appears or is dropped (``targets.RuleTargets``); a run
+whose target fell silent is retired ``target_grace`` seconds after its
+longest window, once it holds nothing (state ``ok``, or ``cooldown`` served),
+and its metric series go with it. A change whose target no longer exists
+(every process it pinned exited) closes its journal entry as ``target-gone``.
+Memory and CPU follow the live targets, not history.
+
+One run's unexpected error never stops the others: it is logged with its
+traceback, audited, counted in ``reflexarc_rule_errors_total``, and that run
+goes to ``failed`` (then cools down and starts again).
+
 Example::
 
     ctl = Controller(policies, bus, registry, SimClock(), journal=None, audit=AuditLog(None, clock))
@@ -12,25 +24,32 @@ Example::
         clock.set(t); ctl.tick()
     ctl.shutdown()              # reverts what rules roll back on shutdown
 
-Overhead: per tick, one evaluation per (rule, target); see ``lifecycle.py``.
+Overhead: per tick and rule, one generation check per signal; per target, one
+cached evaluation (``lifecycle.py``); every ``HOUSEKEEPING_EVERY`` seconds, a
+pass over the targets for new and silent ones and over the bus for dead series.
 """
 from __future__ import annotations
 
+import datetime
 import logging
+import math
 
 from reflexarc.actuators.base import EVIDENCE_PARAM, Registry
+from reflexarc.core.outcomes import TAKEN, Outcome
 
 from .audit import AuditLog
 from .bus import SignalBus
-from .evaluate import Evaluator
 from .executor import Executor, StepResult
 from .journal import Journal
 from .lifecycle import ActiveChange, RuleRun
 from .limits import LimitSettings, NodeLimits
 from .metrics import ControllerMetrics
-from .policy.model import Policy
+from .policy.model import Policy, Rule
+from .targets import RuleTargets
 
 log = logging.getLogger("reflexarc.engine")
+
+HOUSEKEEPING_EVERY = 5.0     # seconds between passes for new, silent and dead targets
 
 
 def describe_policies(policies: list[Policy]) -> list[dict]:
@@ -40,24 +59,32 @@ def describe_policies(policies: list[Policy]) -> list[dict]:
         for r in p.rules:
             rb = r.rollback
             rb_text = "never" if rb.never else f"on {sorted(rb.on)}" + (f", ttl {rb.ttl:g}s" if rb.ttl else "")
+            verify = None
+            if r.verify:
+                conds = r.verify.when.conditions() if hasattr(r.verify.when, "conditions") else [r.verify.when]
+                verify = ", ".join(c.describe() for c in conds) + f" within {r.verify.timeout:g}s"
             rules.append({"name": r.name, "conditions": [c.describe() for c in r.conditions()],
-                          "actions": [a.actuator for a in r.actions],
-                          "verify": (", ".join(c.describe() for c in _conds(r.verify.when))
-                                     + f" within {r.verify.timeout:g}s") if r.verify else None,
-                          "rollback": rb_text})
+                          "actions": [a.actuator for a in r.actions], "verify": verify, "rollback": rb_text})
         out.append({"name": p.name, "mode": p.mode, "file": p.loc.file if p.loc else None, "rules": rules})
     return out
 
 
-def _conds(expr):
-    return expr.conditions() if hasattr(expr, "conditions") else [expr]
+class RuleSlot:
+    """One rule of one policy: its targets on the bus and its runs by target."""
+
+    def __init__(self, bus: SignalBus, policy: Policy, rule: Rule) -> None:
+        self.policy, self.rule = policy, rule
+        self.targets = RuleTargets(bus, policy, rule)
+        self.runs: dict[tuple, RuleRun] = {}
+        self.retire_after = max((c.window for c in rule.conditions()), default=0.0)
 
 
 class Controller:
     def __init__(self, policies: list[Policy], bus: SignalBus, registry: Registry, clock, *,
                  mode_override: str | None = None, journal: Journal | None = None,
                  audit: AuditLog | None = None, metrics: ControllerMetrics | None = None,
-                 limits: LimitSettings | None = None, real_sleep: bool = True) -> None:
+                 limits: LimitSettings | None = None, real_sleep: bool = True,
+                 target_grace: float = 60.0, min_history: float = 60.0) -> None:
         self.policies = policies
         self.bus = bus
         self.registry = registry
@@ -67,22 +94,27 @@ class Controller:
         self.audit = audit or AuditLog(None, clock)
         self.metrics = metrics or ControllerMetrics()
         self.limits = NodeLimits(limits)
-        self.evaluator = Evaluator(bus)
         self.executor = Executor(registry, journal, clock, real_sleep=real_sleep)
+        self.target_grace = target_grace
+        self.min_history = min_history
+        self.slots = [RuleSlot(bus, p, r) for p in policies for r in p.rules]
         self.runs: dict[tuple[str, str, str], RuleRun] = {}
+        self._housekept = -math.inf
 
     # --- life ----------------------------------------------------------------
     def start(self, source: str = "live", scenario: dict | None = None) -> list[tuple[str, StepResult]]:
-        import datetime
         self.audit.write("run", source=source, mode_override=self.mode_override,
                          started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                          policies=describe_policies(self.policies), scenario=scenario)
         results = self.executor.reconcile()
         for jid, res in results:
-            self.audit.write("action", policy="", rule="", target=res.change.target.key() if res.change else "",
-                             target_labels=res.change.target.labels if res.change else {}, mode="enforce",
-                             step=None, actuator=res.change.actuator if res.change else None, params=None,
-                             outcome=res.outcome, change=_change_view(res.change), journal_id=jid,
+            change = res.change
+            self.audit.write("action", policy=change.target.selector.get("policy", "") if change else "",
+                             rule=change.target.selector.get("rule", "") if change else "",
+                             target=change.target.key() if change else "",
+                             target_labels=change.target.labels if change else {}, mode="enforce",
+                             step=None, actuator=change.actuator if change else None, params=None,
+                             outcome=res.outcome, change=_change_view(change), journal_id=jid,
                              error=res.error, note="reconciled at start")
         if self.journal is not None:
             self.journal.compact()
@@ -91,25 +123,56 @@ class Controller:
     def tick(self, now: float | None = None) -> None:
         now = self.clock.now() if now is None else now
         self.metrics.kill_switch.set(1 if self.limits.kill_switch_engaged() else 0)
-        for policy in self.policies:
-            for rule in policy.rules:
-                seen = {tuple(sorted(t.items())): t for t in
-                        self.evaluator.targets(rule, policy.selector.match, now)}
-                for key, run in list(self.runs.items()):
-                    if key[0] == policy.name and key[1] == rule.name:
-                        seen.setdefault(tuple(sorted(run.labels.items())), run.labels)
-                for labels in seen.values():
-                    self._run_for(policy, rule, labels).step(now)
+        housekeeping = now - self._housekept >= HOUSEKEEPING_EVERY
+        if housekeeping:
+            self._housekept = now
+            self.bus.expire(now)
+        for slot in self.slots:
+            try:
+                if slot.targets.resolve_if_changed() or housekeeping:
+                    self._sync(slot, now)
+            except Exception as exc:
+                self._contain(slot.policy.name, slot.rule.name, "*", exc, None)
+            for run in list(slot.runs.values()):
+                try:
+                    run.step(now)
+                except Exception as exc:
+                    self._contain(slot.policy.name, slot.rule.name, run.target_key, exc, run)
         self.metrics.active.set(self.active_count())
+        self.metrics.targets.set(len(self.runs))
 
-    def _run_for(self, policy: Policy, rule, labels: dict) -> RuleRun:
-        tkey = ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "*"
-        key = (policy.name, rule.name, tkey)
-        run = self.runs.get(key)
-        if run is None:
-            run = self.runs[key] = RuleRun(self, policy, rule, labels)
-            self.metrics.state(policy.name, rule.name, tkey, "ok")
-        return run
+    def _sync(self, slot: RuleSlot, now: float) -> None:
+        """Start runs for fresh targets; retire silent ones that hold nothing."""
+        targets = slot.targets
+        for key in targets.groups:
+            if key not in slot.runs and (not key or targets.fresh(key, now)):
+                run = slot.runs[key] = RuleRun(self, slot.policy, slot.rule, targets, key)
+                self.runs[(slot.policy.name, slot.rule.name, run.target_key)] = run
+                self.metrics.state(slot.policy.name, slot.rule.name, run.target_key, "ok")
+        for key, run in list(slot.runs.items()):
+            if key and run.retirable() and now - run.last_seen() > slot.retire_after + self.target_grace:
+                self._retire(slot, key, run)
+
+    def _retire(self, slot: RuleSlot, key: tuple, run: RuleRun) -> None:
+        del slot.runs[key]
+        del self.runs[(slot.policy.name, slot.rule.name, run.target_key)]
+        self.metrics.forget(slot.policy.name, slot.rule.name, run.target_key)
+        self.audit.forget(run.scope_key)
+        self.audit.write("retire", policy=slot.policy.name, rule=slot.rule.name, target=run.target_key,
+                         target_labels=run.labels, state=run.state, last_seen=run.last_seen())
+
+    def _contain(self, policy: str, rule: str, target: str, exc: Exception, run: RuleRun | None) -> None:
+        log.error("%s/%s/%s raised; it goes to failed, the other rules go on", policy, rule, target,
+                  exc_info=exc)
+        self.metrics.rule_errors.labels(policy, rule).inc()
+        self.audit.write("error", policy=policy, rule=rule, target=target,
+                         error=f"{type(exc).__name__}: {exc}", state=run.state if run else None)
+        if run is not None and run.state != "failed":
+            try:
+                run.crash(note=f"{type(exc).__name__}: {exc}")
+            except Exception:
+                run.machine.set_state("failed")
+                self.metrics.state(policy, rule, target, "failed")
 
     def shutdown(self) -> None:
         """Revert what rules roll back on shutdown; leave the rest to the journal."""
@@ -140,12 +203,13 @@ class Controller:
         self.audit.write("transition", policy=run.policy.name, rule=run.rule.name, target=run.target_key,
                          target_labels=run.labels, mode=run.mode, **{"from": frm}, to=to, trigger=trigger,
                          evidence=evidence, note=note)
-        log.info("%s: %s -> %s (%s) %s", run.scope.key, frm, to, trigger, note)
+        log.info("%s: %s -> %s (%s) %s", run.scope_key, frm, to, trigger, note)
 
-    def audit_eval(self, run: RuleRun, result: bool, evidence=None) -> None:
-        self.audit.eval(run.scope.key, run.state, result, policy=run.policy.name, rule=run.rule.name,
-                        target=run.target_key, target_labels=run.labels,
-                        values=evidence if evidence is not None else run.evidence)
+    def audit_eval(self, run: RuleRun, result: bool, verify: bool = False) -> None:
+        if self.audit.eval_due(run.scope_key, run.state, result, run.now):
+            self.audit.write("eval", state=run.state, result=result, policy=run.policy.name, rule=run.rule.name,
+                             target=run.target_key, target_labels=run.labels,
+                             values=run.verify_evidence if verify else run.evidence)
 
     def audit_action(self, run: RuleRun, step, change, outcome: str, jid, error, mode: str | None = None) -> None:
         mode = mode or run.mode
@@ -166,7 +230,7 @@ class Controller:
             params[EVIDENCE_PARAM] = run.evidence   # notifications carry why they were sent
         res = self.executor.act(action.actuator, run.target, params, mode, run.policy.name,
                                 run.rule.name, run.rule.rollback.on_restart)
-        if res.outcome in ("applied", "planned", "alerted") and self.registry.spec(action.actuator).changes_system:
+        if res.outcome in TAKEN and self.registry.spec(action.actuator).changes_system:
             self.limits.record(run.now)
         self.audit_action(run, step, res.change, res.outcome, res.journal_id, res.error, mode)
         return res
@@ -175,16 +239,24 @@ class Controller:
         res = self.executor.revert(ac.change, ac.journal_id, ac.mode)
         self.audit_action(run, ac.step, ac.change, res.outcome, ac.journal_id,
                           res.error or None, ac.mode)
-        return res.outcome != "failed"
+        return res.outcome is not Outcome.FAILED
 
     def refresh_changes(self, run: RuleRun) -> None:
+        """Follow each active change to new targets; close those whose target is gone."""
+        gone = []
         for ac in run.changes:
-            if ac.mode == "enforce":
-                grown = self.executor.refresh(ac.change, ac.journal_id)
-                if grown is not None:
-                    ac.change = grown
+            res = self.executor.refresh(ac.change, ac.journal_id, ac.mode)
+            if res is None:
+                continue
+            if res.outcome is Outcome.TARGET_GONE:
+                gone.append(ac)
+                self.audit_action(run, ac.step, ac.change, res.outcome, ac.journal_id, None, ac.mode)
+            else:
+                ac.change = res.change
         for notice in run.notices:
-            self.executor.refresh(notice, None)
+            self.executor.refresh(notice, None, "enforce")
+        if gone:
+            run.target_gone(gone)
 
     def resolve_notices(self, run: RuleRun) -> None:
         for notice in run.notices:
@@ -197,8 +269,9 @@ class Controller:
         c = self.audit.counts
         outcomes = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("outcome:")}
         return {"transitions": c.get("transition", 0), "actions": outcomes,
-                "would_have_acted": outcomes.get("planned", 0) + outcomes.get("alerted", 0),
-                "applied": outcomes.get("applied", 0), "reverted": outcomes.get("reverted", 0),
+                "would_have_acted": outcomes.get(Outcome.PLANNED, 0) + outcomes.get(Outcome.ALERTED, 0),
+                "applied": outcomes.get(Outcome.APPLIED, 0), "reverted": outcomes.get(Outcome.REVERTED, 0),
+                "errors": c.get("error", 0), "retired": c.get("retire", 0),
                 "states": {"/".join(k): r.state for k, r in self.runs.items()}}
 
 

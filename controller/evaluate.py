@@ -1,39 +1,45 @@
-"""Evaluating rule conditions against the signal bus, with learned baselines.
+"""Evaluating rule conditions over the series of one target, with learned baselines.
 
-``aggregate(agg(signal{match}[window]))`` pools the samples of every series that
-matches the condition and belongs to the target, then compares with the
-threshold. A relative threshold (``3x baseline``) multiplies the median of the
-condition's value over the baseline window, learned only while the rule is
-healthy; until enough healthy history exists the condition is not met
-("learning baseline").
+``agg(signal{match}[window]) op threshold`` pools the points of every series a
+target's condition reads (resolved once by ``targets.RuleTargets``) inside the
+window and compares the aggregate with the threshold. A relative threshold
+(``3x baseline``) multiplies the median of the condition's value over the
+baseline window, learned only while the rule is healthy; until enough healthy
+history exists the condition is not met ("learning baseline").
+
+Each ``Input`` caches its aggregate: when none of its series received a point
+and no point left the window since the last evaluation, the value is reused
+without reading the points. Only the threshold comparison runs again.
 
 Example::
 
-    ev = Evaluator(bus)
-    result, evidence = ev.evaluate(rule.when, scope, now)
-    ev.learn(scope, rule, now)          # while the rule is ok
+    inp = Input(cond, [series_a, series_b])
+    value = inp.value(now)                        # None when there is no data
+    base = Baseline(cond.baseline_window, 60.0)
+    base.add(now, value); base.median(now)        # None until 60 s of history
 
-Overhead: one bus select per condition per tick; baselines keep one value per
-tick per condition for the baseline window.
+Overhead: per condition and tick, a version sum over its series; on a change,
+a binary search per series and one C-level pass over the window's points
+(sorting only for quantiles). A baseline add is an append and a sorted insert.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import operator
 from collections import deque
-from dataclasses import dataclass
 
-from .bus import Matcher, SignalBus
-from .policy.model import Combo, Condition, Rule
-from .signals import CATALOGUE
+from .bus import Series
+
+from .policy.model import Combo, Condition
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
        "==": operator.eq, "!=": operator.ne}
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 
 
-def quantile(values: list[float], q: float) -> float:
-    s = sorted(values)
+def quantile(values: list[float], q: float, presorted: bool = False) -> float:
+    s = values if presorted else sorted(values)
     if len(s) == 1:
         return s[0]
     pos = (len(s) - 1) * q
@@ -41,143 +47,128 @@ def quantile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def _increase(points: list[tuple[float, float]], counter: bool) -> float:
+def _increase(vs: list[float], counter: bool) -> float:
     if not counter:
-        return points[-1][1] - points[0][1]
-    total, prev = 0.0, points[0][1]
-    for _, v in points[1:]:
+        return vs[-1] - vs[0]
+    total, prev = 0.0, vs[0]
+    for v in vs[1:]:
         total += v - prev if v >= prev else v  # a drop is a counter reset
         prev = v
     return total
 
 
-def aggregate(agg: str, series: list[list[tuple[float, float]]], counter: bool) -> float | None:
-    """Aggregate the points of several series; None when there is no data."""
-    series = [s for s in series if s]
-    if not series:
+def aggregate(agg: str, windows: list[tuple[Series, int, int]], counter: bool) -> float | None:
+    """Aggregate the points ``s.vs[lo:hi]`` of several series; None when there is no data."""
+    if not windows:
         return None
+    if agg == "max":
+        return max(max(s.vs[lo:hi]) for s, lo, hi in windows)
+    if agg == "min":
+        return min(min(s.vs[lo:hi]) for s, lo, hi in windows)
+    if agg == "mean":
+        return sum(sum(s.vs[lo:hi]) for s, lo, hi in windows) / sum(hi - lo for _, lo, hi in windows)
+    if agg == "count":
+        return float(sum(hi - lo for _, lo, hi in windows))
+    if agg == "last":
+        return max(s.vs[hi - 1] for s, lo, hi in windows)
+    if agg in QUANTILES:
+        values: list[float] = []
+        for s, lo, hi in windows:
+            values.extend(s.vs[lo:hi])
+        values.sort()
+        return quantile(values, QUANTILES[agg], presorted=True)
     if agg in ("rate", "delta"):
-        usable = [s for s in series if len(s) >= 2]
+        usable = [(s, lo, hi) for s, lo, hi in windows if hi - lo >= 2]
         if not usable:
             return None
-        inc = sum(_increase(s, counter) for s in usable)
+        inc = sum(_increase(s.vs[lo:hi], counter) for s, lo, hi in usable)
         if agg == "delta":
             return inc
-        span = max(s[-1][0] - s[0][0] for s in usable)
+        span = max(s.ts[hi - 1] - s.ts[lo] for s, lo, hi in usable)
         return inc / span if span > 0 else None
-    if agg == "count":
-        return float(sum(len(s) for s in series))
-    if agg == "last":
-        return max(s[-1][1] for s in series)
-    values = [v for s in series for _, v in s]
-    if agg in QUANTILES:
-        return quantile(values, QUANTILES[agg])
-    if agg == "mean":
-        return sum(values) / len(values)
-    if agg == "max":
-        return max(values)
-    if agg == "min":
-        return min(values)
     raise ValueError(f"unknown aggregation {agg}")
 
 
-@dataclass(frozen=True)
-class Scope:
-    """Where a rule is evaluated: the policy's selector matchers and the target's labels."""
+class Input:
+    """One condition of one target: the series it reads and its cached value."""
 
-    key: str                 # "policy/rule/target"
-    match: tuple             # selector label matchers as sorted items
-    labels: tuple            # target labels as sorted items (the rule's ``by`` labels)
+    __slots__ = ("cond", "series", "counter", "_version", "_valid_until", "_value")
+
+    def __init__(self, cond: Condition, series: list[Series], counter: bool = False) -> None:
+        self.cond = cond
+        self.series = series
+        self.counter = counter
+        self._version = -1
+        self._valid_until = -math.inf
+        self._value: float | None = None
+
+    def value(self, now: float) -> float | None:
+        series = self.series
+        version = series[0].version if len(series) == 1 else sum(s.version for s in series)
+        if version == self._version and now < self._valid_until:
+            return self._value
+        window = self.cond.window
+        since = now - window
+        windows, valid_until = [], math.inf
+        for s in series:
+            lo, hi = s.bounds(since, now)
+            if lo < hi:
+                windows.append((s, lo, hi))
+                valid_until = min(valid_until, s.ts[lo] + window)   # when its oldest point leaves
+            if hi < len(s.ts):
+                valid_until = min(valid_until, s.ts[hi])            # when a future point enters
+        self._value = aggregate(self.cond.agg, windows, self.counter)
+        self._version, self._valid_until = version, valid_until
+        return self._value
+
+    def last_seen(self) -> float:
+        """Time of the newest point of any of its series."""
+        return max((s.last_ts for s in self.series), default=-math.inf)
 
 
-class Evaluator:
-    def __init__(self, bus: SignalBus, min_history: float = 60.0) -> None:
-        self.bus = bus
-        self.min_history = min_history
-        self._history: dict[tuple, deque] = {}
-        self._matchers: dict[tuple, Matcher] = {}
+class Baseline:
+    """The median of a condition's healthy values over ``window`` seconds, kept
+    sorted so the median costs nothing; None until ``min_history`` seconds of it."""
 
-    # --- data --------------------------------------------------------------
-    def _matcher(self, scope: Scope, cond: Condition) -> Matcher:
-        key = (scope.match, tuple(sorted(cond.match.items())))
-        m = self._matchers.get(key)
-        if m is None:
-            m = self._matchers[key] = Matcher({**dict(scope.match), **cond.match})
-        return m
+    __slots__ = ("window", "min_history", "_points", "_sorted")
 
-    def series(self, cond: Condition, scope: Scope, now: float) -> list[list[tuple[float, float]]]:
-        target = dict(scope.labels)
-        out = []
-        for labels, points in self.bus.select(cond.signal, self._matcher(scope, cond), now - cond.window, now):
-            if all(labels.get(k, v) == v for k, v in target.items()):
-                out.append(points)
-        return out
+    def __init__(self, window: float, min_history: float) -> None:
+        self.window = window
+        self.min_history = min(min_history, window / 4)
+        self._points: deque[tuple[float, float]] = deque()
+        self._sorted: list[float] = []
 
-    def value(self, cond: Condition, scope: Scope, now: float) -> float | None:
-        counter = CATALOGUE[cond.signal].kind == "counter"
-        return aggregate(cond.agg, self.series(cond, scope, now), counter)
+    def _expire(self, now: float) -> None:
+        points, horizon = self._points, now - self.window
+        while points and points[0][0] <= horizon:
+            _, v = points.popleft()
+            del self._sorted[bisect.bisect_left(self._sorted, v)]
 
-    def targets(self, rule: Rule, match: dict, now: float) -> list[dict]:
-        """Label sets of the rule's ``by`` labels seen in its signals' windows."""
-        if not rule.by:
-            return [{}]
-        m = Matcher(match)
-        seen: dict[tuple, dict] = {}
-        for cond in rule.conditions():
-            cm = Matcher({**match, **cond.match})
-            for labels, _ in self.bus.select(cond.signal, cm, now - cond.window, now):
-                if m(labels) and all(k in labels for k in rule.by):
-                    t = {k: labels[k] for k in rule.by}
-                    seen[tuple(sorted(t.items()))] = t
-        return [seen[k] for k in sorted(seen)]
+    def add(self, now: float, value: float) -> None:
+        self._points.append((now, value))
+        bisect.insort(self._sorted, value)
+        self._expire(now)
 
-    # --- baselines ------------------------------------------------------------
-    def _hkey(self, scope: Scope, cond: Condition) -> tuple:
-        return (scope.key, id(cond))
-
-    def baseline(self, cond: Condition, scope: Scope, now: float) -> float | None:
-        hist = self._history.get(self._hkey(scope, cond))
-        if not hist:
+    def median(self, now: float) -> float | None:
+        self._expire(now)
+        if not self._points or now - self._points[0][0] < self.min_history:
             return None
-        recent = [v for t, v in hist if t > now - cond.baseline_window]
-        if not recent or now - hist[0][0] < min(self.min_history, cond.baseline_window / 4):
-            return None
-        return quantile(recent, 0.5)
-
-    def learn(self, scope: Scope, rule: Rule, now: float) -> None:
-        """Record healthy values of every relative condition (``when`` and ``verify``)."""
-        conds = rule.conditions() + (_conditions(rule.verify.when) if rule.verify else [])
-        for cond in conds:
-            if not cond.relative:
-                continue
-            v = self.value(cond, scope, now)
-            if v is None:
-                continue
-            hist = self._history.setdefault(self._hkey(scope, cond), deque())
-            hist.append((now, v))
-            while hist and hist[0][0] <= now - cond.baseline_window:
-                hist.popleft()
-
-    # --- evaluation -------------------------------------------------------------
-    def check(self, cond: Condition, scope: Scope, now: float) -> dict:
-        value = self.value(cond, scope, now)
-        baseline = self.baseline(cond, scope, now) if cond.relative else None
-        threshold = (cond.threshold * baseline if baseline is not None else None) if cond.relative else cond.threshold
-        ok = value is not None and threshold is not None and OPS[cond.op](value, threshold)
-        return {"condition": cond.describe(), "signal": cond.signal, "agg": cond.agg, "window": cond.window,
-                "op": cond.op, "value": value, "threshold": threshold, "baseline": baseline, "ok": bool(ok)}
-
-    def evaluate(self, expr: Condition | Combo, scope: Scope, now: float) -> tuple[bool, list[dict]]:
-        if isinstance(expr, Condition):
-            item = self.check(expr, scope, now)
-            return item["ok"], [item]
-        results, evidence = [], []
-        for sub in expr.items:
-            r, ev = self.evaluate(sub, scope, now)
-            results.append(r)
-            evidence.extend(ev)
-        return (all(results) if expr.kind == "all" else any(results)), evidence
+        return quantile(self._sorted, 0.5, presorted=True)
 
 
-def _conditions(expr: Condition | Combo) -> list[Condition]:
+def conditions_of(expr: Condition | Combo | None) -> list[Condition]:
+    if expr is None:
+        return []
     return expr.conditions() if isinstance(expr, Combo) else [expr]
+
+
+def compile_expr(expr: Condition | Combo, index: dict[int, int]):
+    """The expression as nested tuples of condition indices: ``i`` or ``(all, [..])``."""
+    if isinstance(expr, Condition):
+        return index[id(expr)]
+    return (expr.kind == "all", [compile_expr(item, index) for item in expr.items])
+
+
+def evidence_item(cond: Condition, text: str, value, threshold, baseline, ok: bool) -> dict:
+    return {"condition": text, "signal": cond.signal, "agg": cond.agg, "window": cond.window,
+            "op": cond.op, "value": value, "threshold": threshold, "baseline": baseline, "ok": ok}

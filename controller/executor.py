@@ -11,7 +11,7 @@ Example::
 
     ex = Executor(registry, journal, clock)
     step = ex.act("affinity", target, {"node": 0}, mode="enforce", policy="p", rule="r")
-    step.outcome        # "applied" | "planned" | "alerted" | "noop" | "notified" | "failed"
+    step.outcome        # an Outcome: APPLIED, PLANNED, ALERTED, NOOP, NOTIFIED, FAILED
     ex.revert(step.change, step.journal_id, mode="enforce")
 
 Overhead: the actuator's own cost, one fsync per journal step.
@@ -28,6 +28,8 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from reflexarc.actuators.base import (ActuatorError, Change, PermanentActuatorError, Registry, Target,
                                       TemporaryActuatorError)
 
+from reflexarc.core.outcomes import Outcome
+
 from .journal import Journal
 
 log = logging.getLogger("reflexarc.executor")
@@ -37,7 +39,7 @@ FAULT_ENV = "REFLEXARC_FAULT_INJECT"   # "after-intent" | "after-apply": SIGKILL
 
 @dataclass
 class StepResult:
-    outcome: str
+    outcome: Outcome
     change: Change | None = None
     journal_id: str | None = None
     error: str | None = None
@@ -80,16 +82,16 @@ class Executor:
         try:
             change = self.plan(actuator, target, params)
         except ActuatorError as exc:
-            return StepResult("failed", error=f"plan: {exc}")
+            return StepResult(Outcome.FAILED, error=f"plan: {exc}")
         spec = self.registry.spec(actuator)
         if change.noop and spec.changes_system:
-            return StepResult("noop", change)
+            return StepResult(Outcome.NOOP, change)
         if not spec.changes_system:
             if mode == "dry-run":
-                return StepResult("planned", change)
+                return StepResult(Outcome.PLANNED, change)
             return self._send(change)
         if mode == "dry-run":
-            return StepResult("planned", change)
+            return StepResult(Outcome.PLANNED, change)
         if mode == "alert-only":
             return self._alert_instead(change, policy, rule)
         return self._apply(change, policy, rule, on_restart)
@@ -98,12 +100,12 @@ class Executor:
         try:
             self._retrying(self.registry.get(change.actuator).apply, change)
         except ActuatorError as exc:
-            return StepResult("failed", change, error=str(exc))
-        return StepResult("notified", change, notice=change if change.actuator == "alert" else None)
+            return StepResult(Outcome.FAILED, change, error=str(exc))
+        return StepResult(Outcome.NOTIFIED, change, notice=change if change.actuator == "alert" else None)
 
     def _alert_instead(self, change: Change, policy: str, rule: str) -> StepResult:
         if "alert" not in self.registry:
-            return StepResult("alerted", change)
+            return StepResult(Outcome.ALERTED, change)
         params = {"severity": "warning",
                   "summary": f"{policy}/{rule} would apply: {change.summary}",
                   "labels": {"mode": "alert-only", "actuator": change.actuator}}
@@ -111,8 +113,8 @@ class Executor:
             alert = self.plan("alert", change.target, params)
             self._retrying(self.registry.get("alert").apply, alert)
         except ActuatorError as exc:
-            return StepResult("failed", change, error=f"alert: {exc}")
-        return StepResult("alerted", change, notice=alert)
+            return StepResult(Outcome.FAILED, change, error=f"alert: {exc}")
+        return StepResult(Outcome.ALERTED, change, notice=alert)
 
     def _apply(self, change: Change, policy: str, rule: str, on_restart: str) -> StepResult:
         act = self.registry.get(change.actuator)
@@ -123,13 +125,13 @@ class Executor:
         except ActuatorError as exc:
             undone = self._undo_partial(act, change)
             if jid:
-                self.journal.mark(jid, "failed" if undone else "intent",
+                self.journal.mark(jid, Outcome.FAILED if undone else "intent",
                                   note=f"apply failed: {exc}" + ("" if undone else "; revert failed"))
-            return StepResult("failed", change, jid, str(exc))
+            return StepResult(Outcome.FAILED, change, jid, str(exc))
         if jid:
-            self.journal.mark(jid, "applied")
+            self.journal.mark(jid, Outcome.APPLIED)
         self._fault("after-apply")
-        return StepResult("applied", change, jid)
+        return StepResult(Outcome.APPLIED, change, jid)
 
     def _undo_partial(self, act, change: Change) -> bool:
         try:
@@ -139,38 +141,60 @@ class Executor:
             log.error("could not undo a failed %s: %s", change.actuator, exc)
             return False
 
-    def refresh(self, change: Change, journal_id: str | None) -> Change | None:
-        """Extend an active change to new targets (e.g. new workers), or resend a
-        firing alert; journals the grown change."""
+    def _gone(self, act, change: Change, journal_id: str | None) -> StepResult | None:
+        """``TARGET_GONE`` (journal entry closed) when the change's target no longer exists."""
+        try:
+            if act.exists(change):
+                return None
+        except ActuatorError as exc:
+            log.warning("cannot tell whether the target of %s exists: %s", change.actuator, exc)
+            return None
+        if journal_id and self.journal:
+            self.journal.mark(journal_id, Outcome.TARGET_GONE, note=f"{change.target.key()} no longer exists")
+        return StepResult(Outcome.TARGET_GONE, change, journal_id)
+
+    def refresh(self, change: Change, journal_id: str | None, mode: str) -> StepResult | None:
+        """While a change is active: ``TARGET_GONE`` when its target no longer
+        exists; in enforce, extend it to new targets (e.g. new workers) or resend a
+        firing alert, journaling the grown change (outcome ``APPLIED``). None when
+        nothing is new."""
         act = self.registry.get(change.actuator)
+        gone = self._gone(act, change, journal_id)
+        if gone is not None or mode != "enforce":
+            return gone
         try:
             grown = act.refresh(change)
         except ActuatorError as exc:
             log.warning("refresh of %s failed: %s", change.actuator, exc)
             return None
-        if grown is not None and journal_id and self.journal:
-            self.journal.mark(journal_id, "applied", note="refreshed", change=grown.to_dict())
-        return grown
+        if grown is None:
+            return None
+        if journal_id and self.journal:
+            self.journal.mark(journal_id, Outcome.APPLIED, note="refreshed", change=grown.to_dict())
+        return StepResult(Outcome.APPLIED, grown, journal_id)
 
     def revert(self, change: Change, journal_id: str | None, mode: str) -> StepResult:
         if mode != "enforce":
-            return StepResult("would-revert", change)
+            return StepResult(Outcome.WOULD_REVERT, change)
         act = self.registry.get(change.actuator)
+        gone = self._gone(act, change, journal_id)
+        if gone is not None:
+            return gone
         try:
             self._retrying(act.revert, change)
         except ActuatorError as exc:
-            return StepResult("failed", change, journal_id, f"revert: {exc}")
+            return StepResult(Outcome.FAILED, change, journal_id, f"revert: {exc}")
         if journal_id and self.journal:
-            self.journal.mark(journal_id, "reverted")
-        return StepResult("reverted", change, journal_id)
+            self.journal.mark(journal_id, Outcome.REVERTED)
+        return StepResult(Outcome.REVERTED, change, journal_id)
 
     def resolve(self, notice: Change) -> StepResult:
         """Resolve an alert this controller raised (its condition cleared)."""
         try:
             self._retrying(self.registry.get(notice.actuator).revert, notice)
         except ActuatorError as exc:
-            return StepResult("failed", notice, error=f"resolve: {exc}")
-        return StepResult("resolved", notice)
+            return StepResult(Outcome.FAILED, notice, error=f"resolve: {exc}")
+        return StepResult(Outcome.RESOLVED, notice)
 
     def release(self, journal_id: str | None, state: str) -> None:
         """Close a journal entry without reverting (``kept`` for rollback: never)."""
@@ -184,14 +208,14 @@ class Executor:
         results = []
         for entry in self.journal.open_entries():
             change = Change.from_dict(entry.change)
-            if entry.on_restart == "adopt" and entry.state == "applied":
+            if entry.on_restart == "adopt" and entry.state == Outcome.APPLIED:
                 # stays open: ``rollback`` can still revert it, the next start adopts it again
-                self.journal.mark(entry.id, "applied", note="adopted by a restarted controller")
-                results.append((entry.id, StepResult("adopted", change, entry.id)))
+                self.journal.mark(entry.id, Outcome.APPLIED, note="adopted by a restarted controller")
+                results.append((entry.id, StepResult(Outcome.ADOPTED, change, entry.id)))
                 continue
             try:
                 res = self.revert(change, entry.id, "enforce")
             except PermanentActuatorError as exc:   # e.g. the actuator is not available here
-                res = StepResult("failed", change, entry.id, str(exc))
+                res = StepResult(Outcome.FAILED, change, entry.id, str(exc))
             results.append((entry.id, res))
         return results

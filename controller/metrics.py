@@ -1,6 +1,7 @@
 """Prometheus metrics of the controller, on an injected registry.
 
-The rule lifecycle state is an Enum per (policy, rule, target); would-have-acted
+The rule lifecycle state is an Enum per (policy, rule, target), removed when
+the controller retires the target; would-have-acted
 counts (dry-run and alert-only) are metrics too, so a fleet can see what
 enforcement would do before switching it on.
 
@@ -15,6 +16,8 @@ Overhead: a dictionary look-up and a lock per update.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge
+
+from reflexarc.core.outcomes import WOULD_HAVE_ACTED
 
 from .lifecycle import STATES
 
@@ -40,14 +43,26 @@ class ControllerMetrics:
                                  registry=r)
         self.signals = Counter("reflexarc_signal_samples_total", "Samples published on the bus",
                                ["source"], registry=r)
+        self.rule_errors = Counter("reflexarc_rule_errors_total",
+                                   "Unexpected errors in a rule's run, contained (the run went to failed)",
+                                   ["policy", "rule"], registry=r)
+        self.targets = Gauge("reflexarc_rule_targets", "Rule-targets tracked (runs); retired ones drop out",
+                             registry=r)
 
     def state(self, policy: str, rule: str, target: str, state: str) -> None:
         self.rule_state.labels(policy, rule, target).state(state)
+
+    def forget(self, policy: str, rule: str, target: str) -> None:
+        """Remove the series of a retired rule-target."""
+        try:
+            self.rule_state.remove(policy, rule, target)
+        except KeyError:
+            pass
 
     def transition(self, policy: str, rule: str, frm: str, to: str) -> None:
         self.transitions.labels(policy, rule, frm, to).inc()
 
     def action(self, policy: str, rule: str, actuator: str, mode: str, outcome: str) -> None:
         self.actions.labels(policy, rule, actuator, mode, outcome).inc()
-        if outcome in ("planned", "alerted"):
+        if outcome in WOULD_HAVE_ACTED:
             self.would_have_acted.labels(policy, rule, actuator).inc()

@@ -8,7 +8,8 @@ File format (``policies/tests/*.yaml``)::
     cases:
       - mode: enforce
         actions:
-          - {actuator: affinity, outcome: applied, at: 3m20s, within: 30s}
+          - {actuator: affinity, outcome: applied, at: 3m20s, within: 30s,
+             target: {trainer: "4100"}}       # optional: labels the action's target must have
           - {actuator: affinity, outcome: reverted}
         exact: true                          # no other actions (default)
       - mode: dry-run
@@ -25,11 +26,12 @@ from pathlib import Path
 
 import yaml
 
-from .policy.durations import DurationError, parse_duration
+from reflexarc.core.durations import DurationError, parse_duration
+
 from .policy.model import MODES
 
 CASE_KEYS = {"mode", "actions", "exact", "name"}
-EXPECT_KEYS = {"actuator", "outcome", "at", "within"}
+EXPECT_KEYS = {"actuator", "outcome", "at", "within", "target"}
 
 
 class PolicyTestError(ValueError):
@@ -42,13 +44,17 @@ class Expected:
     outcome: str
     at: float | None
     within: float
+    target: dict | None = None
 
     def text(self) -> str:
         when = f" @{self.at:g}s±{self.within:g}s" if self.at is not None else ""
-        return f"{self.actuator} {self.outcome}{when}"
+        on = f" on {','.join(f'{k}={v}' for k, v in sorted(self.target.items()))}" if self.target else ""
+        return f"{self.actuator} {self.outcome}{on}{when}"
 
     def matches(self, rec: dict) -> bool:
         if rec["actuator"] != self.actuator or rec["outcome"] != self.outcome:
+            return False
+        if self.target and any(str(rec["target_labels"].get(k)) != v for k, v in self.target.items()):
             return False
         return self.at is None or abs(rec["ts"] - self.at) <= self.within
 
@@ -68,6 +74,11 @@ def _scalar(path, node, what):
     if not isinstance(node, yaml.ScalarNode):
         raise _err(path, node, f"{what} must be a scalar")
     return yaml.safe_load(yaml.serialize(node))
+
+
+def _scalar_map(path: Path, node, what: str) -> dict[str, str]:
+    """A mapping of labels to scalar values, as strings."""
+    return {k: str(_scalar(path, v, f"{what} label '{k}'")) for k, v in _mapping(path, node, what).items()}
 
 
 def load_test_file(path: Path) -> tuple[list[str], str, list[dict]]:
@@ -115,8 +126,9 @@ def load_test_file(path: Path) -> tuple[list[str], str, list[dict]]:
                 within = parse_duration(_scalar(path, a["within"], "within")) if "within" in a else 15.0
             except DurationError as exc:
                 raise _err(path, anode, str(exc)) from None
+            target = _scalar_map(path, a["target"], "target") if "target" in a else None
             expected.append(Expected(str(_scalar(path, a["actuator"], "actuator")),
-                                     str(_scalar(path, a["outcome"], "outcome")), at, within))
+                                     str(_scalar(path, a["outcome"], "outcome")), at, within, target))
         exact = _scalar(path, c["exact"], "exact") if "exact" in c else True
         cases.append({"name": _scalar(path, c["name"], "name") if "name" in c else mode or "default",
                       "mode": mode, "expected": expected, "exact": bool(exact)})

@@ -13,7 +13,8 @@ Example::
     for name, labels, value in src.poll(time.time()):
         bus.publish(name, labels, value, now)
 
-Overhead: ProbeSource reads the probes' maps once per interval; HookSource makes
+Overhead: ProbeSource reads the probes' maps once per interval and lists the
+hook directory every 5 s; HookSource makes
 one Unix-socket request per training process per interval; ReplaySource reads
 its file once at start.
 """
@@ -67,19 +68,34 @@ class ReplaySource:
 
 
 class ProbeSource:
+    """The probes' samples; those of a training process that serves framework
+    hooks also carry its ``rank`` (from the hook socket's name)."""
+
     name = "probes"
 
-    def __init__(self, manager, refresh_every: float = 5.0) -> None:
+    def __init__(self, manager, refresh_every: float = 5.0, hook_dir: str | None = None) -> None:
         self.manager = manager
         self.refresh_every = refresh_every   # /proc rescans; renames are caught in the kernel meanwhile
+        self.hook_dir = hook_dir
+        self._ranks: dict[int, str] = {}     # training process pid -> rank
         self._refreshed = float("-inf")
 
     def poll(self, now: float) -> list[tuple[str, dict, float]]:
         if now - self._refreshed >= self.refresh_every:
             self.manager.refresh_selection()
+            if self.hook_dir:
+                from reflexarc.actuators.framework_hook import ranks_by_pid
+                self._ranks = ranks_by_pid(self.hook_dir)
             self._refreshed = now
         self.manager.expire_deep(now)
-        return self.manager.collect(now)
+        samples = self.manager.collect(now)
+        if self._ranks:
+            for _, labels, _ in samples:       # each sample has its own labels dict
+                trainer = labels.get("trainer")
+                rank = self._ranks.get(int(trainer)) if trainer else None
+                if rank is not None:
+                    labels["rank"] = rank
+        return samples
 
     def close(self) -> None:
         self.manager.stop()

@@ -48,15 +48,17 @@ from pathlib import Path
 
 import reflexarc.policies
 from reflexarc.actuators.specs import SPECS
+from reflexarc.core.cpus import parse_cpulist
+from reflexarc.core.durations import parse_duration
+from reflexarc.core.params import check_params
+from reflexarc.core.signals import KINDS
 
 from .expect import MODES, OUTCOMES, ExpectedAction, Expectation
-from .params import check_params, cpu_list, parse_duration
 from .yaml_source import LocList, LocMap, Pos, ScenarioError, parse_yaml
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 BUILTIN_POLICIES = Path(reflexarc.policies.__file__).resolve().parent
 SHAPES = ("step", "ramp", "flap")
-KINDS = ("gauge", "counter")
 DEEP_PROBES = SPECS["deep_tracing"].param("probe").choices
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _SIGNAL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -292,7 +294,7 @@ class _Reader:
             nodes = {}
             for key, cpus in raw.items():
                 try:
-                    nodes[int(key)] = cpu_list(cpus)
+                    nodes[int(key)] = parse_cpulist(cpus)
                 except (TypeError, ValueError) as exc:
                     self.fail(raw.value_pos(key), f"NUMA node {key!r}: {exc}")
         devices = {}

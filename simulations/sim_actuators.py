@@ -11,7 +11,7 @@ Example::
 
     registry = build_sim_registry(plant)
     act = registry.get("affinity")
-    change = act.plan(Target({"pid": "4102"}, {"processes": ["pt_data_worker"]}), {"node": 0})
+    change = act.plan(Target({"trainer": "4100"}, {"processes": ["pt_data_worker"]}), {"node": 0})
     act.apply(change)          # plant.applied == [change]
     act.revert(change)         # act.read_current(change.target) == change.before
 
@@ -21,21 +21,9 @@ from __future__ import annotations
 
 from reflexarc.actuators.base import Actuator, Change, PermanentActuatorError, Registry, Target
 from reflexarc.actuators.log import LogActuator
-from reflexarc.actuators.specs import SPECS, dscp_code
-
-from .params import check_params
-
-
-def _cpus_text(cpus: list[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``0-2,5``."""
-    parts, start = [], None
-    for i, cpu in enumerate(cpus):
-        if start is None:
-            start = cpu
-        if i + 1 == len(cpus) or cpus[i + 1] != cpu + 1:
-            parts.append(f"{start}" if start == cpu else f"{start}-{cpu}")
-            start = None
-    return ",".join(parts) or "none"
+from reflexarc.actuators.specs import SPECS
+from reflexarc.core.cpus import format_cpulist
+from reflexarc.core.ports import format_port_ranges
 
 
 class SimActuator(Actuator):
@@ -43,12 +31,6 @@ class SimActuator(Actuator):
 
     def __init__(self, plant) -> None:
         self.plant = plant
-
-    def _check(self, params: dict, partial: bool = False) -> dict:
-        try:
-            return check_params(self.spec, dict(params), partial)
-        except ValueError as exc:
-            raise PermanentActuatorError(str(exc)) from None
 
     def _key(self, target: Target, params: dict) -> tuple:
         raise NotImplementedError
@@ -58,11 +40,11 @@ class SimActuator(Actuator):
 
     def read_current(self, target: Target, params: dict | None = None):
         """The state ``params`` would change (only the parameters that name it are needed)."""
-        checked = self._check(params or {}, partial=True)
+        checked = self.checked(params or {}, partial=True)
         return self.plant.read_knob(self._key(target, checked), self._initial(checked))
 
     def _write(self, change: Change, value, in_force: bool) -> None:
-        params = self._check(change.params)
+        params = self.checked(change.params)
         self.plant.write_knob(self._key(change.target, params), value, self._initial(params),
                               change if in_force else None)
 
@@ -91,7 +73,7 @@ class SimAffinity(SimActuator):
             known = {c for cpus in topology.values() for c in cpus}
             missing = [c for c in params["cpus"] if c not in known]
             if missing:
-                raise PermanentActuatorError(f"CPUs {_cpus_text(missing)} do not exist on this node")
+                raise PermanentActuatorError(f"CPUs {format_cpulist(missing)} do not exist on this node")
             cpus = list(params["cpus"])
         else:
             node = params.get("node")
@@ -109,13 +91,16 @@ class SimAffinity(SimActuator):
         return sorted(cpus)
 
     def plan(self, target: Target, params: dict) -> Change:
-        checked = self._check(params)
-        if "pid" not in target.labels and not (target.selector.get("processes") or target.selector.get("pids")):
-            raise PermanentActuatorError("affinity needs a pid target or a selector with processes or pids")
+        checked = self.checked(params)
+        sel = target.selector
+        if not {"pid", "trainer"} & set(target.labels) and not (sel.get("processes") or sel.get("pids")):
+            raise PermanentActuatorError("affinity needs a pid target, a trainer target or a selector "
+                                         "with processes or pids")
         before = self.read_current(target, params)
         after = {"cpus": self._cpus(checked)}
         return Change("affinity", target, dict(params), before, after,
-                      f"affinity [{target.key()}]: cpus {_cpus_text(before['cpus'])} -> {_cpus_text(after['cpus'])}")
+                      f"affinity [{target.key()}]: cpus {format_cpulist(before['cpus'])} -> "
+                      f"{format_cpulist(after['cpus'])}")
 
 
 class SimDscp(SimActuator):
@@ -130,7 +115,7 @@ class SimDscp(SimActuator):
         return out
 
     def _key(self, target: Target, params: dict) -> tuple:
-        return ("dscp", tuple(params.get("interfaces") or ()), tuple(params.get("ports") or ()),
+        return ("dscp", tuple(sorted(params.get("interfaces") or ())), tuple(params.get("ports") or ()),
                 params.get("protocol", "tcp"), bool(params.get("match_cgroup")))
 
     def _initial(self, params: dict) -> None:
@@ -138,7 +123,7 @@ class SimDscp(SimActuator):
 
     def plan(self, target: Target, params: dict) -> Change:
         resolved = self._resolved(target, params)
-        checked = self._check(resolved)
+        checked = self.checked(resolved)
         if not checked.get("interfaces"):
             raise PermanentActuatorError("dscp needs 'interfaces' or a selector with interfaces")
         if not checked.get("ports"):
@@ -149,8 +134,8 @@ class SimDscp(SimActuator):
         if checked.get("match_cgroup") and not target.selector.get("cgroup"):
             raise PermanentActuatorError("match_cgroup needs a selector with a cgroup")
         before = self.read_current(target, resolved)
-        after = {"dscp": dscp_code(checked["dscp"]), "priority": checked.get("priority")}
-        ports = ",".join(f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in checked["ports"])
+        after = {"dscp": checked["dscp"], "priority": checked.get("priority")}
+        ports = format_port_ranges(checked["ports"])
         was = "untagged" if before is None else f"DSCP {before['dscp']}"
         return Change("dscp", target, resolved, before, after,
                       f"dscp on {','.join(checked['interfaces'])} {checked.get('protocol', 'tcp')} ports {ports}: "
@@ -170,12 +155,12 @@ class SimDeepTracing(SimActuator):
         return {"probe": params.get("probe", self.spec.param("probe").default), "on": False, "until": None}
 
     def read_current(self, target: Target, params: dict | None = None) -> dict:
-        checked = self._check(params or {}, partial=True)
+        checked = self.checked(params or {}, partial=True)
         state = self.plant.read_knob(self._key(target, checked), self._initial(checked))
         return state if self.plant.deep_probe_on(state["probe"]) else self._initial(checked)
 
     def plan(self, target: Target, params: dict) -> Change:
-        checked = self._check(params)
+        checked = self.checked(params)
         if checked["ttl"] <= 0:
             raise PermanentActuatorError("deep tracing needs a ttl > 0")
         bad = [u for u in checked.get("uprobes") or () if ":" not in u]
@@ -215,7 +200,7 @@ class SimFrameworkHook(SimActuator):
         return super().read_current(target, params)
 
     def plan(self, target: Target, params: dict) -> Change:
-        checked = self._check(params)
+        checked = self.checked(params)
         before = self.read_current(target, params)
         after = {**before, **(checked.get("args") or {})}
         diff = ", ".join(f"{k} {before.get(k)} -> {after[k]}" for k in sorted(after) if before.get(k) != after[k])
@@ -238,7 +223,7 @@ class SimSysctl(SimActuator):
         return super().read_current(target, params)
 
     def plan(self, target: Target, params: dict) -> Change:
-        checked = self._check(params)
+        checked = self.checked(params)
         before = self.read_current(target, params)
         after = checked["value"].strip()
         return Change("sysctl", target, dict(params), before, after, f"sysctl {checked['key']}: {before} -> {after}")
@@ -256,10 +241,7 @@ class SimAlert(Actuator):
         return None
 
     def plan(self, target: Target, params: dict) -> Change:
-        try:
-            checked = check_params(self.spec, dict(params))
-        except ValueError as exc:
-            raise PermanentActuatorError(str(exc)) from None
+        checked = self.checked(params)
         labels = {**target.labels, **{str(k): str(v) for k, v in (checked.get("labels") or {}).items()}}
         after = {"severity": checked.get("severity", self.spec.param("severity").default),
                  "summary": checked.get("summary") or f"policy fired for {target.key()}", "labels": labels}

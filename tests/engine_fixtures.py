@@ -28,6 +28,10 @@ class Knob(Actuator):
     def revert(self, change):
         self.state[change.target.key()] = change.before
 
+    def exists(self, change):
+        """The test says a target is gone by setting ``state["gone:<key>"]``."""
+        return not self.state.get("gone:" + change.target.key())
+
 
 class Note(Actuator):
     spec = ActuatorSpec("alert", "test alert", (ParamSpec("summary", "str"),), changes_system=False)

@@ -10,15 +10,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
-from conftest import require, require_root
+from conftest import ROOT, require, require_root
 
 from reflexarc.actuators.affinity import AffinityActuator
 from reflexarc.actuators.base import Change, PermanentActuatorError, Target
-from reflexarc.actuators.numa import format_cpulist, parse_cpulist
-from reflexarc.actuators.procs import ProcFS
+from reflexarc.core.cpus import format_cpulist
+from reflexarc.core.procfs import ProcFS
 
 # A job's main process: forks workers on request. Each worker names itself
 # pt_data_worker, gives its main thread and each extra thread its own mask, prints
@@ -176,14 +177,6 @@ def journal_roundtrip(change: Change) -> Change:
     return Change.from_dict(json.loads(json.dumps(change.to_dict())))
 
 
-def test_cpulist_notation_roundtrips():
-    assert parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
-    assert format_cpulist([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11"
-    assert parse_cpulist("") == []
-    with pytest.raises(ValueError):
-        parse_cpulist("3-1")
-
-
 def fake_proc(root: Path, pid: int, comm: str, ppid: int, cgroup: str, tids=(), start: int = 5000) -> None:
     """One process in a fixture proc tree: stat (with start time), comm, cgroup, tasks."""
     stat = f"{pid} ({comm}) S {ppid} " + " ".join(["0"] * 17) + f" {start} 0 0\n"
@@ -197,29 +190,6 @@ def fake_proc(root: Path, pid: int, comm: str, ppid: int, cgroup: str, tids=(), 
     (root / str(pid) / "stat").write_text(stat)
     (root / str(pid) / "comm").write_text(comm + "\n")
     (root / str(pid) / "cgroup").write_text(cgroup)
-
-
-def test_procfs_scopes_on_a_fixture_tree(tmp_path):
-    root = tmp_path / "proc"
-    train = "0::/system.slice/train.service\n4:cpuset:/\n"
-    fake_proc(root, 1, "systemd", 0, "0::/init.scope\n")
-    fake_proc(root, 100, "python", 1, train)
-    fake_proc(root, 101, "pt_data_worker", 100, "0::/system.slice/train.service/loader\n")
-    fake_proc(root, 102, "pt_data_worker", 100, train, tids=(105,), start=7777)
-    fake_proc(root, 200, "pt_data_worker", 1, "0::/system.slice/other.service\n")
-    fake_proc(root, 300, "pt_data_worker", 1, "0::/system.slice/train.service2\n")
-    fake_proc(root, 400, "a) (b", 100, train, start=4242)
-    procfs = ProcFS(str(root))
-    workers = ("pt_data_worker",)
-    assert procfs.find(workers) == [101, 102, 200, 300]
-    assert procfs.find(workers, pids=[100]) == [101, 102]
-    assert procfs.find(workers, cgroup="/system.slice/train.service/") == [101, 102]
-    assert procfs.find(workers, pid=105) == [102], "a thread id names its process"
-    assert procfs.find(workers, pids=[100], pid=200) == []
-    assert procfs.find(("a) (b",), pids=[1]) == [400]
-    assert procfs.stat(400) == (100, 4242) and procfs.start_time(102, 105) == 7777
-    assert procfs.threads(102) == [102, 105] and procfs.ancestors(101) == [101, 100, 1]
-    assert procfs.alive(102, 7777) and not procfs.alive(102, 7778) and not procfs.alive(999, 7777)
 
 
 def test_cpus_come_from_node_device_or_list(act):
@@ -334,6 +304,134 @@ def test_revert_restores_threads_born_after_the_last_refresh(act, job):
     act.revert(journal_roundtrip(change))
     assert {tid: allowed(first["pid"], tid) for tid in first["threads"]} == first["masks"]
     assert allowed(first["pid"], extra_tid) == "0-1", "back to the process's original mask"
+
+
+def trainer_target(job: Job) -> Target:
+    """A target as the DataLoader policy makes it: grouped by training process."""
+    return Target(labels={"trainer": str(job.pid)}, selector={"processes": ["pt_data_worker"]})
+
+
+def end(pid: int) -> None:
+    """Kill a worker and wait until it is gone (the job ignores SIGCHLD: the kernel reaps it)."""
+    os.kill(pid, signal.SIGKILL)
+    while Path(f"/proc/{pid}").exists():
+        select.select([], [], [], 0.01)
+
+
+def test_target_by_trainer_follows_the_workers_of_each_epoch(act, job):
+    first = job.spawn({0, 1}, {1})
+    change = act.plan(trainer_target(job), {"node": 0})
+    trainer = {"pid": job.pid, "start": ProcFS().start_time(job.pid),
+               "comm": Path(f"/proc/{job.pid}/comm").read_text().strip()}
+    assert change.before["trainer"] == change.after["trainer"] == trainer
+    assert [p["pid"] for p in change.before["processes"]] == [first["pid"]]
+    assert f"DataLoader workers of training process {job.pid} (python" in change.summary, change.summary
+    assert f"pids {first['pid']})" in change.summary and "new workers as they start" in change.summary
+    act.apply(change)
+    assert {allowed(first["pid"], t) for t in first["threads"]} == {"0"}
+
+    end(first["pid"])                          # the epoch is over; the next one starts new workers
+    second = [job.spawn({0, 1}, {1}), job.spawn({1}, {0, 1})]
+    grown = act.refresh(journal_roundtrip(change))
+    assert grown is not None and grown.before["trainer"] == grown.after["trainer"] == trainer
+    assert sorted(p["pid"] for p in grown.before["processes"]) == sorted(w["pid"] for w in second)
+    for w in second:
+        assert {allowed(w["pid"], t) for t in w["threads"]} == {"0"}
+    assert allowed(job.pid, job.pid) == "0-1", "the training process itself is not a worker"
+    assert act.refresh(grown) is None
+
+    act.revert(journal_roundtrip(grown))
+    for w in second:
+        assert {tid: allowed(w["pid"], tid) for tid in w["threads"]} == w["masks"]
+
+
+def test_target_by_trainer_between_epochs_pins_the_next_workers(act, job):
+    change = act.plan(trainer_target(job), {"cpus": [1]})
+    assert change.before["processes"] == [] and "no worker running now" in change.summary, change.summary
+    act.apply(change)
+    late = job.spawn({0, 1}, {0, 1})
+    grown = act.refresh(change)
+    assert [p["pid"] for p in grown.before["processes"]] == [late["pid"]]
+    assert {allowed(late["pid"], t) for t in late["threads"]} == {"1"}
+    act.revert(grown)
+    assert {allowed(late["pid"], t) for t in late["threads"]} == {"0-1"}
+
+
+def test_a_reused_trainer_pid_is_never_followed(act, job):
+    worker = job.spawn({0, 1})
+    change = act.plan(trainer_target(job), {"node": 1})
+
+    def reused() -> Change:
+        record = journal_roundtrip(change)
+        for side in (record.before, record.after):
+            side["trainer"]["start"] += 1      # as if the pid now named a process started later
+        return record
+
+    with pytest.raises(PermanentActuatorError, match=f"training process {job.pid} .*no longer the process"):
+        act.apply(reused())
+    assert {allowed(worker["pid"], t) for t in worker["threads"]} == {"0-1"}, "refused: nothing touched"
+
+    act.apply(change)
+    late = job.spawn({0, 1})
+    assert act.refresh(reused()) is None
+    assert {allowed(late["pid"], t) for t in late["threads"]} == {"0-1"}, "a reused trainer's workers are not its"
+    act.revert(reused())
+    assert {allowed(worker["pid"], t) for t in worker["threads"]} == {"0-1"}, "the recorded workers are restored"
+
+
+def test_trainer_targets_that_are_refused(act, job):
+    job.spawn({0, 1})
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                            capture_output=True, text=True, check=True)
+    dead = int(exited.stdout)
+    for labels, selector, words in (({"trainer": str(dead)}, {}, f"training process {dead} is not running"),
+                                    ({"trainer": "1"}, {}, "training process 1 is not running"),
+                                    ({"trainer": str(job.pid)}, {"pids": [dead]}, f"is not below pids {dead}")):
+        with pytest.raises(PermanentActuatorError, match=words):
+            act.plan(Target(labels, selector), {"node": 0})
+    inside = act.plan(Target({"trainer": str(job.pid)}, {"pids": [os.getpid()]}), {"node": 0})
+    assert len(inside.before["processes"]) == 1
+
+
+def test_real_dataloader_epochs_followed_by_trainer(act):
+    """``workloads/epoch_loader.py``: a DataLoader without persistent_workers, new
+    workers every epoch. One change by trainer, refreshed as the controller does
+    while it is active, pins the workers of every later epoch."""
+    require_root()
+    require({0, 1} <= os.sched_getaffinity(0), "CPUs 0 and 1 usable")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "workloads" / "epoch_loader.py"),
+                             "--epochs", "4", "--epoch-items", "768"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        main = read_line(proc, bound=120.0)["pid"]
+        change = act.plan(Target({"trainer": str(main)}, {"processes": ["pt_data_worker"]}), {"node": 1})
+        act.apply(change)
+        followed, checked = set(), 0
+        deadline = time.monotonic() + 150      # a bound on a broken run, not a timing assertion
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "the job did not finish"
+            change = act.refresh(change) or change
+            for p in change.after["processes"]:
+                followed.add(p["pid"])
+                for t in p["threads"]:
+                    try:
+                        assert allowed(p["pid"], t["tid"]) == "1"
+                        checked += 1
+                    except FileNotFoundError:      # the worker ended with its epoch
+                        pass
+            time.sleep(0.05)
+        events = [json.loads(line) for line in proc.stdout]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    epochs = [set(e["worker_pids"]) for e in events if e["event"] == "epoch"]
+    assert len(epochs) == 4 and len(set.union(*epochs)) == 8, epochs
+    for n, pids in enumerate(epochs[1:], 2):
+        assert pids <= followed, f"epoch {n} workers {sorted(pids)} not pinned; followed {sorted(followed)}"
+    assert checked > 0
+    act.revert(change)
 
 
 def test_real_dataloader_workers(act):

@@ -19,8 +19,8 @@ import pytest
 from conftest import ROOT, require_root
 
 from reflexarc.actuators.base import Change, PermanentActuatorError, Target, TemporaryActuatorError
-from reflexarc.actuators.framework_hook import FrameworkHookActuator, HookClient, read_signals
-from reflexarc.actuators.procs import ProcFS
+from reflexarc.actuators.framework_hook import FrameworkHookActuator, HookClient, ranks_by_pid, read_signals
+from reflexarc.core.procfs import ProcFS
 
 NOBODY = 65534
 
@@ -314,6 +314,14 @@ def test_step_signals_are_served(hook_dir, start):
     assert got == {("llama", "0", "step_time_ms"): 182.5, ("llama", "0", "dataloader_batch_wait_ms"): 4.25,
                    ("other", "1", "step_time_ms"): 90.0, ("other", "1", "dataloader_batch_wait_ms"): 1.0}
     assert HookClient(ready["ready"]).request("signals", 5.0)["iteration"] == 41
+
+
+def test_ranks_by_training_process(hook_dir, start):
+    _, zero = start()
+    _, one = start(job="other", rank=1)
+    Path(hook_dir, "notes.txt").write_text("not a socket name\n")
+    assert ranks_by_pid(hook_dir) == {zero["pid"]: "0", one["pid"]: "1"}
+    assert ranks_by_pid(str(Path(hook_dir, "missing"))) == {}
 
 
 def test_example_training_script_changes_prefetch(hook_dir):

@@ -75,7 +75,7 @@ def test_act_unknown_actuator_suggests(tmp_path):
 
 def test_act_bad_params(tmp_path):
     r = rx("--state-dir", str(tmp_path), "act", "sysctl", "key=kernel.numa_balancing")
-    assert r.returncode == 1 and "needs value" in r.stderr
+    assert r.returncode == 1 and "needs parameter 'value'" in r.stderr
     r = rx("--state-dir", str(tmp_path), "act", "sysctl", "kee=x", "value=1")
     assert r.returncode == 1 and "no parameter 'kee'" in r.stderr
     r = rx("--state-dir", str(tmp_path), "act", "affinity", "node=zero")

@@ -26,13 +26,15 @@ cases:
     actions:
       - {{actuator: affinity, outcome: applied, at: 60s, within: 5s}}
       - {{actuator: dscp, outcome: applied}}
+      - {{actuator: affinity, outcome: reverted, target: {{trainer: "4200"}}}}
 """)
     r = subprocess.run(RX + [str(f)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert "FAIL" in r.stdout
-    assert "- missing: affinity applied @60s±5s (seen at 196s)" in r.stdout
+    assert "- missing: affinity applied @60s±5s (seen at 198s)" in r.stdout
     assert "- missing: dscp applied" in r.stdout
-    assert "+ unexpected: affinity applied @196s" in r.stdout
+    assert "- missing: affinity reverted on trainer=4200 (seen at 600s)" in r.stdout, "the other training process"
+    assert "+ unexpected: affinity applied @198s" in r.stdout
     assert "0 passed, 1 failed" in r.stdout
 
 

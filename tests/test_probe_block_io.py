@@ -58,9 +58,9 @@ def for_dev(samples, dev: str) -> dict:
 
 
 def test_signals_are_catalogued():
-    for name in BlockIo.signals:
-        assert name in CATALOGUE
-        assert set(CATALOGUE[name].labels) <= {"node", "dev", "quantile"}
+    for spec in BlockIo.signals:
+        assert CATALOGUE[spec.name] == spec
+        assert set(spec.labels) <= {"node", "dev", "quantile"}
 
 
 def test_direct_reads_on_loop_device(loop_device):

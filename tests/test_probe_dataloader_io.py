@@ -13,12 +13,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import threading
 import time
 
-from conftest import require, require_bpf
+from conftest import ROOT, require, require_bpf
 from workloads.slow_reads import INDEX_READS, PipeDelayDataset
 
+from reflexarc.actuators.framework_hook import ranks_by_pid
 from reflexarc.bpf.dataloader_io import DataloaderIo
 from reflexarc.bpf.probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Selection
 from reflexarc.controller.signals import CATALOGUE
@@ -42,9 +46,9 @@ def by_pid(samples, name):
 
 
 def test_signals_are_catalogued():
-    for name in DataloaderIo.signals:
-        assert name in CATALOGUE
-        assert set(CATALOGUE[name].labels) <= {"node", "job", "pid", "quantile"}
+    for spec in DataloaderIo.signals:
+        assert CATALOGUE[spec.name] == spec
+        assert set(spec.labels) <= {"node", "job", "pid", "trainer", "rank", "quantile"}
 
 
 def test_injected_2ms_read_shows_in_worker_p99(tmp_path):
@@ -79,6 +83,54 @@ def test_injected_2ms_read_shows_in_worker_p99(tmp_path):
     assert sum(reads[pid][None] for pid in workers) >= ITEMS * (INDEX_READS + 1)
     for _, labels, _ in samples:
         assert labels["job"] == "t-dl" and labels["node"]
+
+
+def test_workers_of_every_epoch_carry_their_training_process(tmp_path):
+    """A DataLoader without persistent_workers (``workloads/epoch_loader.py``:
+    num_workers=2, real preads) starts new workers every epoch: their samples
+    change ``pid`` and keep ``trainer``, the job's main process, whose hook
+    socket gives the rank. Other tests' DataLoaders may run meanwhile: only the
+    workers the job reports are looked at."""
+    require_bpf()
+    hooks = tmp_path / "hooks"
+    probe = DataloaderIo(Selection(comms=("pt_data_worker",), job="t-epochs"))
+    assert probe.start().state == OK
+    lines: list[dict] = []
+    samples, ranks = [], {}
+    try:
+        job = subprocess.Popen([sys.executable, str(ROOT / "tests" / "workloads" / "epoch_loader.py"),
+                                "--epochs", "3", "--epoch-items", "768", "--hook-dir", str(hooks)],
+                               stdout=subprocess.PIPE, text=True, start_new_session=True)
+        reader = threading.Thread(target=lambda: lines.extend(json.loads(x) for x in job.stdout), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 150      # a bound on a broken run, not a timing assertion
+        while job.poll() is None:
+            assert time.monotonic() < deadline, f"the job did not finish: {lines[-1:]}"
+            time.sleep(0.1)
+            samples.extend(probe.collect(time.time()))
+            if not ranks and lines:
+                ranks = ranks_by_pid(str(hooks))
+        reader.join(10)
+        samples.extend(probe.collect(time.time()))
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        probe.stop()
+
+    assert job.returncode == 0
+    main = next(line["pid"] for line in lines if line["event"] == "ready")
+    epochs = [set(line["worker_pids"]) for line in lines if line["event"] == "epoch"]
+    assert len(epochs) == 3 and all(len(pids) == 2 for pids in epochs)
+    assert len(set.union(*epochs)) == 6, f"new worker pids every epoch: {epochs}"
+    trainers: dict[int, set] = {}
+    for _, labels, _ in samples:
+        if int(labels["pid"]) in set.union(*epochs):
+            trainers.setdefault(int(labels["pid"]), set()).add(labels.get("trainer"))
+    for n, pids in enumerate(epochs, 1):
+        for pid in pids:
+            assert trainers.get(pid) == {str(main)}, f"epoch {n} worker {pid}: trainer {trainers.get(pid)}"
+    assert ranks == {main: "0"}, "the trainer's hook socket names its rank"
 
 
 def test_io_uring_reads_attributed_to_fio_pid(tmp_path):

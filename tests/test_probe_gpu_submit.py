@@ -128,7 +128,7 @@ def test_signals_and_labels_are_catalogued():
     finally:
         probe.stop()
         child.close()
-    assert {name for name, _, _ in out} == set(probe.signals)
+    assert {name for name, _, _ in out} == {spec.name for spec in probe.signals}
     for name, labels, _ in out:
         assert set(labels) <= set(CATALOGUE[name].labels), (name, labels)
         assert labels["job"] == "llama" and labels["node"] == "n1"

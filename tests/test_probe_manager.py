@@ -20,12 +20,12 @@ from reflexarc.bpf import catalog
 from reflexarc.bpf.block_io import BlockIo
 from reflexarc.bpf.dataloader_io import DataloaderIo
 from reflexarc.bpf.manager import ProbeManager
-from reflexarc.bpf.probe import OK, STOPPED, UNSUPPORTED, Probe, ProbeStatus, Selection
+from reflexarc.bpf.probe import DEEP_EVENTS_PER_S, OK, STOPPED, UNSUPPORTED, Probe, ProbeStatus, Selection
 from reflexarc.bpf.sched_numa import SchedNuma
-from reflexarc.bpf.tasks import ProcTasks
 from reflexarc.bpf.topology import Topology
 from reflexarc.controller.signals import CATALOGUE
 from reflexarc.controller.top import format_event
+from reflexarc.core.procfs import ProcFS
 
 COMM = f"rxw{os.getpid() % 100000}"
 
@@ -90,7 +90,7 @@ class GetppidCounter(Probe):
     (given as a session param) and reports them as deep_probe_events_per_s."""
     name = "getppid_counter"
     tier = "deep"
-    signals = ("deep_probe_events_per_s",)
+    signals = (DEEP_EVENTS_PER_S,)
     fallback_order = ("syscalls:sys_enter_getppid",)
     SOURCE = ""
 
@@ -297,8 +297,8 @@ def test_catalogue_lists_every_probe_and_its_signals():
         except catalog.ProbeNotAvailable:
             continue            # written elsewhere; listed before it lands
         assert cls.name == name and cls.tier == catalog.entry(name).tier
-        for signal in cls.signals:
-            assert signal in CATALOGUE, f"{name} emits uncatalogued {signal}"
+        for spec in cls.signals:
+            assert CATALOGUE.get(spec.name) == spec, f"{name} emits uncatalogued {spec.name}"
     with pytest.raises(catalog.ProbeNotAvailable):
         catalog.probe_class("nope")
 
@@ -317,10 +317,10 @@ def test_proc_scanner_on_fixture_tree(tmp_path):
     task(20, 21, "pt_data_worker")
     task(30, 30, "a_very_long_nam")           # the kernel keeps 15 bytes
     (tmp_path / "self").mkdir()
-    procs = ProcTasks(str(tmp_path))
-    assert procs.processes() == [10, 20, 30]
+    procs = ProcFS(str(tmp_path))
+    assert procs.pids() == [10, 20, 30]
     assert procs.threads(20) == [20, 21] and procs.threads(99) == []
-    assert procs.find_by_comm(["pt_data_worker", "pt_data_pin"]) == [(20, "pt_data_worker")]
-    assert [p.pid for p in procs.find_by_comm(["a_very_long_name_indeed"])] == [30]
-    assert procs.find_by_comm([]) == []
+    assert procs.find(["pt_data_worker", "pt_data_pin"]) == [20]
+    assert procs.find(["a_very_long_name_indeed"]) == [30]
+    assert procs.find([]) == []
     assert procs.alive(10) and not procs.alive(99)

@@ -19,7 +19,7 @@ from conftest import require, require_bpf
 
 from reflexarc.bpf.probe import OK, Selection
 from reflexarc.bpf.sched_numa import SchedNuma
-from reflexarc.bpf.topology import NO_NODE, Topology, parse_cpulist
+from reflexarc.bpf.topology import NO_NODE, Topology
 from reflexarc.controller.signals import CATALOGUE
 
 SPINNER = r"""
@@ -75,9 +75,9 @@ def probe():
 
 
 def test_signals_are_catalogued():
-    for name in SchedNuma.signals:
-        assert name in CATALOGUE
-        assert set(CATALOGUE[name].labels) <= {"node", "job", "pid", "quantile", "probe"}
+    for spec in SchedNuma.signals:
+        assert CATALOGUE[spec.name] == spec
+        assert set(spec.labels) <= {"node", "job", "pid", "trainer", "rank", "quantile", "probe"}
 
 
 def lost(samples) -> list[tuple[dict, float]]:
@@ -119,6 +119,9 @@ def test_cross_numa_migrations_counted_exactly(probe):
             if name == "dataloader_runq_latency_us" and labels["pid"] == str(spinner.pid)}
     assert runq == {"0.5", "0.99"}
     assert all(labels["job"] == "t-numa" for name, labels, _ in samples if "job" in CATALOGUE[name].labels)
+    # The spinner is this test's child: this process is its training process.
+    assert {labels.get("trainer") for _, labels, _ in samples
+            if labels.get("pid") == str(spinner.pid)} == {str(os.getpid())}
 
 
 def test_cross_numa_migrations_sent_as_events(probe):
@@ -223,7 +226,6 @@ def test_topology_without_numa_is_one_node(tmp_path):
     cpu.mkdir(parents=True)
     (cpu / "possible").write_text("0-5\n")
     assert Topology.from_sysfs(str(tmp_path)).nodes == {0: [0, 1, 2, 3, 4, 5]}
-    assert parse_cpulist("0,2-3,10-11") == [0, 2, 3, 10, 11]
     with pytest.raises(ValueError):
         Topology({0: [0, 1], 1: [1]})
 

@@ -30,18 +30,21 @@ from pathlib import Path
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from reflexarc.actuators.base import ActuatorSpec, ParamSpec
-from reflexarc.actuators.specs import DSCP_NAMES, SPECS
+from reflexarc.actuators.specs import SPECS
+from reflexarc.core.dscp import DSCP_NAMES, MAX_DSCP
+from reflexarc.core.durations import DurationError, parse_duration
+from reflexarc.core.params import ActuatorSpec, ParamError, ParamSpec, convert
+from reflexarc.core.ports import EXAMPLE as PORT_EXAMPLE, port_range
+from reflexarc.core.procfs import TASK_COMM_LEN
 
 from ..signals import CATALOGUE, SignalSpec, suggest
 from .diagnostics import Diagnostic, PolicyError, errors
-from .durations import DurationError, parse_duration
 from .model import (AGGREGATIONS, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS, Action, Combo, Condition,
                     Loc, Policy, RateLimit, Rollback, Rule, Selector, Verify)
-from .schema import (DSCP_PARAM, EXCLUSIVE_PARAMS, IFNAMSIZ, MAX_DSCP, MAX_PORT, NAME_PATTERN, PERCENTILES,
-                     PORT_RANGE_PATTERN, RELATIVE_THRESHOLD_PATTERN, SECTIONS, TASK_COMM_LEN)
+from .schema import (EXCLUSIVE_PARAMS, IFNAMSIZ, NAME_PATTERN, PERCENTILES, RELATIVE_THRESHOLD_PATTERN,
+                     SECTIONS)
 
-__all__ = ["Diagnostic", "PolicyError", "load_policies", "validate_paths", "parse_duration"]
+__all__ = ["Diagnostic", "PolicyError", "load_policies", "validate_paths"]
 
 log = logging.getLogger("reflexarc.controller.policy")
 
@@ -53,7 +56,6 @@ MAX_YAML_DEPTH = 64      # collections inside collections; stops pathological in
 FROM_SELECTOR = {("dscp", "interfaces"): "interfaces"}
 _NAME_RE = re.compile(NAME_PATTERN)
 _RELATIVE_RE = re.compile(RELATIVE_THRESHOLD_PATTERN)
-_PORT_RE = re.compile(PORT_RANGE_PATTERN)
 _YAML_TAG = "tag:yaml.org,2002:"
 _KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean", "null": "null",
           "timestamp": "a date", "binary": "binary data", "set": "a set", "omap": "an ordered map",
@@ -448,23 +450,18 @@ class _FileReader:
         return out
 
     def _port_range(self, node: Node, what: str) -> tuple[int, int] | None:
-        example = "use a port (12345) or a range \"lo-hi\" (\"29500-29510\")"
         tag = _tag(node)
-        if tag == "int":
-            lo = hi = self._construct(node)
-        elif tag == "str" and _PORT_RE.match(node.value):
-            match = _PORT_RE.match(node.value)
-            lo = int(match.group(1))
-            hi = int(match.group(2)) if match.group(2) else lo
-        else:
-            self.error(node, f"bad port in {what}: {node.value if tag else _kind(node)}; {example}")
+        if tag not in ("int", "str"):
+            self.error(node, f"{what}: bad port, got {_kind(node)}; {PORT_EXAMPLE}")
             return None
-        if lo is None:
+        value = self._construct(node) if tag == "int" else node.value
+        if value is None:
             return None
-        if not (1 <= lo <= hi <= MAX_PORT):
-            self.error(node, f"bad port range in {what}: {node.value}; ports are 1..{MAX_PORT} and lo <= hi")
+        try:
+            return port_range(value)
+        except ValueError as exc:
+            self.error(node, f"{what}: {exc}")
             return None
-        return (lo, hi)
 
     def _matchers(self, node: Node, what: str, labels: tuple[str, ...] | None,
                   owner: str = "") -> dict[str, tuple[str, Node]]:
@@ -806,45 +803,53 @@ class _FileReader:
         return out
 
     def _param(self, spec: ActuatorSpec, param: ParamSpec, node: Node):
+        """The parameter's value in canonical form (``reflexarc.core.params``);
+        the node must be of the YAML kind the schema allows for the type."""
         what = f"parameter '{param.name}' of '{spec.name}'"
-        if (spec.name, param.name) == DSCP_PARAM:
-            return self._dscp(node, what)
-        if param.type == "str":
-            value = self._text(node, what)
-        elif param.type == "int":
-            value = self._int(node, what)
-        elif param.type == "float":
-            value = self._number(node, what)
-        elif param.type == "bool":
-            value = self._bool(node, what)
-        elif param.type == "duration":
-            value = self._duration(node, what, positive=True)
-        elif param.type == "int_list":
-            items = [self._int(item, f"item of {what}") for item in self._seq(node, what) or ()]
-            value = None if None in items else items
-        elif param.type == "str_list":
-            value = [text for text, _ in self._str_list(node, what)]
-        elif param.type == "port_range":
-            value = [list(rng) for rng in self._ports(node, what)]
-        elif param.type == "mapping":
-            value = self._free_mapping(node, what)
-        else:
-            self.error(node, f"{what} has type '{param.type}', which this loader does not know")
+        value = self._param_value(param, node, what)
+        if value is None:
             return None
-        if value is not None and param.choices and value not in param.choices:
-            self.error(node, f"{what} must be one of {', '.join(map(str, param.choices))}, got '{value}'"
-                             f"{_hint(str(value), map(str, param.choices))}")
+        try:
+            return convert(param, value)
+        except ParamError as exc:
+            match = suggest(str(value), map(str, param.choices)) if param.choices else None
+            self.error(node, f"{what}: {exc}" + (f"; did you mean '{match}'?" if match else ""))
             return None
-        return value
 
-    def _dscp(self, node: Node, what: str) -> str | None:
+    def _param_value(self, param: ParamSpec, node: Node, what: str):
+        kind = param.type
+        if kind == "str":
+            return self._text(node, what)
+        if kind == "int":
+            return self._int(node, what)
+        if kind == "float":
+            return self._number(node, what)
+        if kind == "bool":
+            return self._bool(node, what)
+        if kind == "duration":
+            return self._duration(node, what, positive=True)
+        if kind == "dscp":
+            return self._dscp(node, what)
+        if kind == "int_list":
+            items = [self._int(item, f"item of {what}") for item in self._seq(node, what) or ()]
+            return None if None in items else items
+        if kind == "str_list":
+            return [text for text, _ in self._str_list(node, what)]
+        if kind == "port_range":
+            return self._ports(node, what)
+        if kind == "mapping":
+            return self._free_mapping(node, what)
+        self.error(node, f"{what} has type '{kind}', which this loader does not know")
+        return None
+
+    def _dscp(self, node: Node, what: str) -> str | int | None:
+        """A DSCP as the schema allows it: a name exactly as written in
+        ``DSCP_NAMES``, or an integer (its range is checked on conversion)."""
         tag = _tag(node)
+        if tag == "int":
+            return self._construct(node)
         if tag == "str" and node.value in DSCP_NAMES:
             return node.value
-        if tag == "int":
-            value = self._construct(node)
-            if value is not None and 0 <= value <= MAX_DSCP:
-                return str(value)
         shown = f"'{node.value}'" if tag == "str" else _kind(node)
         hint = f"; did you mean '{node.value.upper()}'?" if tag == "str" and node.value.upper() in DSCP_NAMES else ""
         self.error(node, f"{what} must be a DSCP name ({', '.join(DSCP_NAMES)}) or a number 0-{MAX_DSCP}, "

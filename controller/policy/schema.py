@@ -27,26 +27,22 @@ import json
 import sys
 from dataclasses import dataclass
 
-from reflexarc.actuators.base import ActuatorSpec, ParamSpec
-from reflexarc.actuators.specs import DSCP_NAMES, SPECS
+from reflexarc.actuators.specs import SPECS
 from reflexarc.controller.signals import CATALOGUE
+from reflexarc.core.dscp import DSCP_NAMES, MAX_DSCP
+from reflexarc.core.durations import DURATION_PATTERN, EXAMPLES as DURATION_EXAMPLES
+from reflexarc.core.params import ActuatorSpec, ParamSpec
+from reflexarc.core.ports import MAX_PORT, PORT_RANGE_PATTERN
 
-from .durations import DURATION_PATTERN, EXAMPLES as DURATION_EXAMPLES
 from .model import AGGREGATIONS, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
 RELATIVE_THRESHOLD_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*x\s*baseline\s*$"
-PORT_RANGE_PATTERN = r"^\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?$"
 POSITIVE_DURATION_PATTERN = "^(?=.*[1-9])" + DURATION_PATTERN[1:]
 PERCENTILES = ("p50", "p90", "p99")
 IFNAMSIZ = 16           # interface names are at most IFNAMSIZ - 1 bytes
-TASK_COMM_LEN = 16      # the kernel keeps TASK_COMM_LEN - 1 bytes of a comm name
-MAX_PORT = 65535
-MAX_DSCP = 63
 # Parameters of one actuator that are alternatives to each other: give at most one.
 EXCLUSIVE_PARAMS = {"affinity": ("node", "cpus", "device")}
-# (actuator, parameter) whose value is a DSCP name from DSCP_NAMES or a number 0..MAX_DSCP.
-DSCP_PARAM = ("dscp", "dscp")
 SYSTEM_CHANGING = tuple(name for name, spec in SPECS.items() if spec.changes_system)
 
 
@@ -164,7 +160,7 @@ def _matchers(labels: list[str] | None) -> dict:
     return out
 
 
-def _param(actuator: str, param: ParamSpec) -> dict:
+def _param(param: ParamSpec) -> dict:
     scalar = {"type": ["string", "number"]}
     by_type = {
         "str": scalar,
@@ -172,6 +168,7 @@ def _param(actuator: str, param: ParamSpec) -> dict:
         "float": {"type": "number"},
         "bool": {"type": "boolean"},
         "duration": _duration(positive=True),
+        "dscp": {"anyOf": [{"enum": list(DSCP_NAMES)}, {"type": "integer", "minimum": 0, "maximum": MAX_DSCP}]},
         "int_list": {"type": "array", "items": {"type": "integer"}},
         "str_list": {"type": "array", "items": scalar},
         "port_range": _ports(),
@@ -179,8 +176,6 @@ def _param(actuator: str, param: ParamSpec) -> dict:
     }
     if param.choices:
         out = {"enum": list(param.choices)}
-    elif (actuator, param.name) == DSCP_PARAM:
-        out = {"anyOf": [{"enum": list(DSCP_NAMES)}, {"type": "integer", "minimum": 0, "maximum": MAX_DSCP}]}
     else:
         out = dict(by_type[param.type])
     out["description"] = param_description(param)
@@ -202,7 +197,7 @@ def param_description(param: ParamSpec) -> str:
 
 def _params(spec: ActuatorSpec) -> dict:
     out = {"type": "object", "description": f"Parameters of '{spec.name}': {spec.help}",
-           "properties": {p.name: _param(spec.name, p) for p in spec.params}, "additionalProperties": False}
+           "properties": {p.name: _param(p) for p in spec.params}, "additionalProperties": False}
     required = [p.name for p in spec.params if p.required]
     if required:
         out["required"] = required

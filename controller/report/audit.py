@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-TRACKED_KINDS = ("eval", "transition", "action", "limit")
+from ..audit import rotated_paths
+
+TRACKED_KINDS = ("eval", "transition", "action", "limit", "retire", "error")
 KNOWN_KINDS = ("run", "end") + TRACKED_KINDS
 MALFORMED_EXAMPLES = 20
 
@@ -83,6 +85,7 @@ class Track:
     transitions: list[dict] = field(default_factory=list)
     actions: list[dict] = field(default_factory=list)
     limits: list[dict] = field(default_factory=list)
+    retired_at: float | None = None   # the controller dropped it: its target fell silent
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -114,23 +117,29 @@ class Unreadable:
 
 
 class AuditFile:
-    """The records of an audit file, read anew on every iteration; unreadable lines
-    come out as ``Unreadable``."""
+    """The records of an audit file and of its rotated predecessors
+    (``audit.jsonl.N`` ... ``audit.jsonl.1``, oldest first), read anew on every
+    iteration; unreadable lines come out as ``Unreadable``."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.paths = rotated_paths(self.path) or [self.path]
 
     def numbered(self) -> Iterator[tuple[int, dict | Unreadable]]:
-        """(line number, record) for every non-blank line."""
-        with open(self.path, encoding="utf-8", errors="replace") as fh:
-            for line_no, line in enumerate(fh, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    yield line_no, json.loads(line)
-                except ValueError as exc:
-                    yield line_no, Unreadable(f"not JSON ({exc.msg})", line)
+        """(line number, record) for every non-blank line; numbers run on across
+        the rotated files."""
+        line_no = 0
+        for path in self.paths:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    line_no += 1
+                    line = line.strip()
+                    if not line:
+                        continue
+                    try:
+                        yield line_no, json.loads(line)
+                    except ValueError as exc:
+                        yield line_no, Unreadable(f"not JSON ({exc.msg})", line)
 
     def __iter__(self) -> Iterator[dict | Unreadable]:
         return (rec for _, rec in self.numbered())
@@ -148,6 +157,7 @@ class Audit:
     actions: list[dict] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)      # transitions and actions, in file order
     limits: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)      # runs that raised (contained)
     evals: int = 0
     record_count: int = 0
     first_ts: float | None = None
@@ -240,6 +250,10 @@ class Audit:
             self.actions.append(rec)
             self.events.append(rec)
             track.actions.append(rec)
+        elif kind == "retire":
+            track.retired_at = rec["ts"]
+        elif kind == "error":
+            self.errors.append(rec)
         else:
             self.limits.append(rec)
             track.limits.append(rec)

@@ -1,8 +1,10 @@
-"""Durations as policy authors write them: ``250ms``, ``30s``, ``5m``, ``1h30m``, ``2d``.
+"""Durations as people write them: ``250ms``, ``30s``, ``5m``, ``1h30m``, ``2d``.
 
-Units run from large to small, each at most once; a bare number (YAML number or
-numeric string) is seconds. Negative, infinite and NaN durations are rejected.
-``DURATION_PATTERN`` is the same grammar as a regular expression, for the JSON Schema.
+One grammar for policies, scenarios, policy tests, actuator parameters and the
+command line. Units run from large to small, each at most once; a bare number
+(YAML number or numeric string) is seconds. Negative, infinite and NaN durations
+are rejected. ``DURATION_PATTERN`` is the same grammar as a regular expression,
+for the JSON Schema.
 
 Example::
 

@@ -1,0 +1,102 @@
+"""A rule's targets: which label sets of its ``by`` labels the bus holds series
+for, and which series each condition of each target reads.
+
+Resolution runs once, and again only when the generation of one of the rule's
+signals moves (a series appeared or was dropped), so a tick never scans labels.
+A target is *fresh* while one of its ``when`` series has a point inside that
+condition's window; a target whose series all stopped (the process exited,
+the interface went away) is *silent* and may be retired by the controller.
+
+A series that lacks some ``by`` labels (e.g. a job-wide step time read by a
+rule grouped by training process) joins every target it does not contradict.
+
+Example::
+
+    rt = RuleTargets(bus, policy, rule)
+    if rt.resolve_if_changed():
+        for key, inputs in rt.groups.items():   # key: ("4242",) for by: [trainer]
+            ...
+    rt.fresh(("4242",), now)
+
+Overhead: a generation look-up per signal of the rule per tick; a resolution
+matches the labels of every series of the rule's signals once.
+"""
+from __future__ import annotations
+
+from reflexarc.core.targets import target_key
+
+from .bus import Matcher, SignalBus
+from .evaluate import Input, conditions_of
+from .policy.model import Policy, Rule
+from .signals import CATALOGUE
+
+
+class RuleTargets:
+    def __init__(self, bus: SignalBus, policy: Policy, rule: Rule) -> None:
+        self.bus = bus
+        self.by = tuple(rule.by)
+        self.when = rule.conditions()
+        self.conditions = self.when + conditions_of(rule.verify.when if rule.verify else None)
+        self.index = {id(c): i for i, c in enumerate(self.conditions)}
+        self._matchers = [Matcher({**policy.selector.match, **c.match}) for c in self.conditions]
+        self._counter = [CATALOGUE[c.signal].kind == "counter" if c.signal in CATALOGUE else False
+                         for c in self.conditions]
+        self.signals = tuple(sorted({c.signal for c in self.conditions}))
+        self._generations: tuple | None = None
+        self.empty = self._inputs()     # what a target whose series were dropped reads: no data
+        self.groups: dict[tuple, list[Input]] = {} if self.by else {(): self._inputs()}
+
+    def _inputs(self) -> list[Input]:
+        return [Input(c, [], counter) for c, counter in zip(self.conditions, self._counter)]
+
+    def labels(self, key: tuple) -> dict:
+        return dict(zip(self.by, key))
+
+    def key_text(self, key: tuple) -> str:
+        return target_key(self.labels(key))
+
+    def resolve_if_changed(self) -> bool:
+        """Re-resolve when a signal's generation moved; returns whether it did."""
+        generations = tuple(self.bus.generation(s) for s in self.signals)
+        if generations == self._generations:
+            return False
+        self._generations = generations
+        self._resolve()
+        return True
+
+    def _resolve(self) -> None:
+        by = self.by
+        matching = [[s for s in self.bus.series(c.signal) if m(s.labels)]
+                    for c, m in zip(self.conditions, self._matchers)]
+        if by:
+            keys = {tuple(s.labels[k] for k in by)
+                    for i in range(len(self.when)) for s in matching[i]
+                    if all(k in s.labels for k in by)}
+        else:
+            keys = {()}
+        groups = {key: self._inputs() for key in keys}
+        for i, series in enumerate(matching):
+            for s in series:
+                labels = s.labels
+                if all(k in labels for k in by):
+                    inputs = groups.get(tuple(labels[k] for k in by))
+                    if inputs is not None:
+                        inputs[i].series.append(s)
+                    continue
+                for key, inputs in groups.items():
+                    if all(labels.get(k, v) == v for k, v in zip(by, key)):
+                        inputs[i].series.append(s)
+        self.groups = groups
+
+    def fresh(self, key: tuple, now: float) -> bool:
+        """A ``when`` series of the target has a point inside its condition's window."""
+        inputs = self.groups.get(key)
+        if inputs is None:
+            return False
+        return any(inp.last_seen() > now - inp.cond.window for inp in inputs[:len(self.when)])
+
+    def last_seen(self, key: tuple) -> float:
+        inputs = self.groups.get(key)
+        if not inputs:
+            return float("-inf")
+        return max(inp.last_seen() for inp in inputs[:len(self.when)])
