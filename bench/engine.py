@@ -130,6 +130,18 @@ def audit_volume(rules: int, seconds: int) -> dict:
             "bytes_per_hour": round(written * 3600 / seconds)}
 
 
+def summarise(raw: dict[str, list[dict]]) -> list[dict]:
+    """One row per configuration: medians over the rounds, with min and max."""
+    table = []
+    for runs in raw.values():
+        rates = [r["evaluations_per_s"] for r in runs]
+        table.append({**runs[0], "evaluations_per_s": round(statistics.median(rates)),
+                      "evaluations_per_s_min": min(rates), "evaluations_per_s_max": max(rates),
+                      "ms_per_tick": statistics.median(r["ms_per_tick"] for r in runs),
+                      "transitions_share": statistics.median(r["transitions_share"] for r in runs)})
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a short run that proves the harness works")
@@ -143,12 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         for rules, ticks in sizes.items():
             for busy in (False, True):
                 raw.setdefault(f"{rules}:{'busy' if busy else 'idle'}", []).append(throughput(rules, ticks, busy))
-    table = []
-    for key, runs in raw.items():
-        rates = [r["evaluations_per_s"] for r in runs]
-        table.append({**runs[0], "evaluations_per_s": round(statistics.median(rates)),
-                      "evaluations_per_s_min": min(rates), "evaluations_per_s_max": max(rates),
-                      "transitions_share": statistics.median(r["transitions_share"] for r in runs)})
+    table = summarise(raw)
     audit = audit_volume(100, 600 if args.quick else 3600)
     target = next(r for r in table if r["rules"] == 100 and r["mode"] == "idle")
     result = {

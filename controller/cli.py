@@ -44,6 +44,26 @@ class Parser(argparse.ArgumentParser):
 
 
 # --- helpers -------------------------------------------------------------------
+def _duration_arg(text: str) -> float:
+    """An argparse type: a duration (``90``, ``20m``, ``1h``), finite and >= 0."""
+    from reflexarc.core.durations import DurationError, parse_duration
+    try:
+        return parse_duration(text)
+    except DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _size_mb_arg(text: str) -> float:
+    """An argparse type: a size in MB, finite and > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a size in MB (a number > 0)")
+    return value
+
+
 def _paths_or_builtin(paths):
     if paths:
         return paths
@@ -377,12 +397,12 @@ def build_parser() -> Parser:
             s.add_argument("--replay", help="also replay signals from a JSONL file")
             s.add_argument("--no-probes", action="store_true", help="do not load the bcc probes")
             s.add_argument("--audit", help="audit log path (default STATE_DIR/audit.jsonl)")
-            s.add_argument("--audit-sample", type=float, default=1200.0, metavar="SECONDS",
+            s.add_argument("--audit-sample", type=_duration_arg, default=1200.0, metavar="DURATION",
                            help="write a steady rule-target's evaluation at most this often; changes, "
                                 "and every tick on the way to acting, are always written (default %(default)s)")
-            s.add_argument("--audit-max-mb", type=float, default=64.0, metavar="MB",
+            s.add_argument("--audit-max-mb", type=_size_mb_arg, default=64.0, metavar="MB",
                            help="rotate the audit log past this size, keeping 4 older files (default %(default)s)")
-            s.add_argument("--target-grace", type=float, default=60.0, metavar="SECONDS",
+            s.add_argument("--target-grace", type=_duration_arg, default=60.0, metavar="DURATION",
                            help="retire a rule's target this long after its series stopped, beyond the "
                                 "rule's longest window, once it holds nothing (default %(default)s)")
             s.add_argument("--metrics-port", type=int)

@@ -41,7 +41,7 @@ from .audit import AuditLog
 from .bus import SignalBus
 from .executor import Executor, StepResult
 from .journal import Journal
-from .lifecycle import ActiveChange, RuleRun
+from .lifecycle import ActiveChange, RuleRun, Tally
 from .limits import LimitSettings, NodeLimits
 from .metrics import ControllerMetrics
 from .policy.model import Policy, Rule
@@ -97,6 +97,7 @@ class Controller:
         self.executor = Executor(registry, journal, clock, real_sleep=real_sleep)
         self.target_grace = target_grace
         self.min_history = min_history
+        self.held = Tally()
         self.slots = [RuleSlot(bus, p, r) for p in policies for r in p.rules]
         self.runs: dict[tuple[str, str, str], RuleRun] = {}
         self._housekept = -math.inf
@@ -188,7 +189,7 @@ class Controller:
         return self.mode_override or policy.mode
 
     def active_count(self) -> int:
-        return sum(len(r.changes) for r in self.runs.values())
+        return self.held.count
 
     def node_refusal(self, now: float) -> str | None:
         return self.limits.refuse(now, self.active_count())

@@ -87,11 +87,39 @@ class ActiveChange:
     expires_at: float | None
 
 
+class Tally:
+    """How many changes all runs hold: the node's active remediations, kept
+    current as changes come and go instead of counted over every run."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+class HeldChanges(list):
+    """A run's active changes; adding or removing one updates the shared tally."""
+
+    def __init__(self, tally: Tally) -> None:
+        super().__init__()
+        self.tally = tally
+
+    def append(self, ac: ActiveChange) -> None:
+        super().append(ac)
+        self.tally.count += 1
+
+    def remove(self, ac: ActiveChange) -> None:
+        super().remove(ac)
+        self.tally.count -= 1
+
+
 class Services(Protocol):
     """What a run asks of the controller that drives it."""
 
     registry: object
     executor: object
+    min_history: float          # seconds of healthy history before a baseline counts
+    held: Tally                 # changes held by all runs
 
     def mode_for(self, policy) -> str: ...
     def node_refusal(self, now: float) -> str | None: ...
@@ -128,7 +156,7 @@ class RuleRun:
         self.clear_since = None     # first tick the condition was false after remediation
         self.step_index = 0
         self.acted_at = None
-        self.changes: list[ActiveChange] = []
+        self.changes = HeldChanges(ctx.held)
         self.notices: list[Change] = []   # alerts sent and not yet resolved
         self.action_times: deque[float] = deque()
         self.now = 0.0

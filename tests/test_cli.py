@@ -102,3 +102,12 @@ def test_report_missing_audit(tmp_path):
 def test_rollback_needs_target(tmp_path):
     r = rx("--state-dir", str(tmp_path), "rollback")
     assert r.returncode == 1 and "--all" in r.stderr
+
+
+def test_run_refuses_bad_audit_and_target_settings():
+    for args, word in ((("--audit-sample", "nan"), "--audit-sample"), (("--target-grace", "-5"), "--target-grace"),
+                       (("--audit-max-mb", "0"), "--audit-max-mb"), (("--audit-max-mb", "inf"), "--audit-max-mb")):
+        r = rx("run", "--no-probes", "--duration", "1", *args)
+        assert r.returncode == 2, (args, r.stderr)
+        [line] = r.stderr.splitlines()
+        assert line.startswith("error: ") and word in line and "Traceback" not in r.stderr

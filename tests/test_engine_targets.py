@@ -69,6 +69,7 @@ def test_a_silent_target_holding_a_change_is_kept_until_it_lets_go():
         ctl.tick()
     assert state["rank=0"] == 1
     assert ("test-policy", "slow-steps", "rank=0") in ctl.runs, "it still holds the change: not retired"
+    assert ctl.active_count() == 1 == sum(len(r.changes) for r in ctl.runs.values())
     ctl.shutdown()
     assert state["rank=0"] == 0
 
@@ -93,6 +94,7 @@ def test_a_change_whose_target_vanished_is_closed_as_target_gone(tmp_path):
     transitions = [(r["from"], r["to"]) for r in ctl.audit.records if r["kind"] == "transition"]
     assert ("remediated", "cooldown") in transitions
     assert ("test-policy", "slow-steps", "rank=0") not in ctl.runs, "retired once its cooldown passed"
+    assert ctl.active_count() == 0
     ctl.shutdown()
     assert not [r for r in ctl.audit.records if r["kind"] == "action" and r["outcome"] == "reverted"]
     journal.close()
