@@ -138,7 +138,8 @@ class AlertActuator(Actuator):
 
     def _send(self, alert: dict) -> None:
         if not (self.alertmanager_url or self.webhook_url):
-            raise PermanentActuatorError("alert: neither alertmanager_url nor webhook_url is configured")
+            raise PermanentActuatorError("no alert receiver is configured: give --alertmanager-url or --webhook-url "
+                                         "(or REFLEXARC_ALERTMANAGER_URL, REFLEXARC_WEBHOOK_URL)")
         if self.alertmanager_url:
             self._post(f"{self.alertmanager_url}/api/v2/alerts", [alert])
         if self.webhook_url:

@@ -89,6 +89,22 @@ def _actuator_config(args):
                           webhook_url=args.webhook_url)
 
 
+def _alert_receiver_warnings(policies, config, override: str | None) -> list[str]:
+    """Policies that will send alerts (an ``alert`` action, or alert-only mode)
+    outside dry-run while no receiver is configured: said at start, not at the
+    first incident."""
+    if config.alertmanager_url or config.webhook_url:
+        return []
+    out = []
+    for p in policies:
+        mode = override or p.mode
+        if mode != "dry-run" and (mode == "alert-only" or any(a.actuator == "alert" for r in p.rules
+                                                               for a in r.actions)):
+            out.append(f"policy {p.name} ({mode}) sends alerts, but no alert receiver is configured: "
+                       "give --alertmanager-url or --webhook-url")
+    return out
+
+
 def _journal(args, clock=None):
     from .journal import Journal, JournalLocked
     try:
@@ -204,6 +220,8 @@ def cmd_run(args) -> int:
     journal = _journal(args, clock)
     audit_path = Path(args.audit or Path(args.state_dir) / "audit.jsonl")
     override = None if args.mode == "policy" else args.mode
+    for warning in _alert_receiver_warnings(policies, config, override):
+        print(f"warning: {warning}", file=sys.stderr)
     ctl = Controller(policies, SignalBus(), build_registry(config), clock, mode_override=override,
                      journal=journal, audit=AuditLog(audit_path, clock, evals="sampled", sample_every=args.audit_sample,
                                                     max_bytes=int(args.audit_max_mb * (1 << 20))),

@@ -2,14 +2,14 @@
 
 Trains an MLP on a synthetic regression set whose samples cost a simulated storage
 read (``--read-ms`` of sleep per sample in the DataLoader workers). It registers
-``dataloader.prefetch``: the handler sets the DataLoader's ``prefetch_factor`` for
-the next epoch (each epoch builds a new DataLoader with two worker processes), its
-preview reports the current and requested factor, and its undo restores the factor
-the job started with. Every step reports ``step_time_ms`` and
+``dataloader.prefetch``: the handler sets the DataLoader's ``prefetch_factor``
+and ``num_workers`` for the next epoch (each epoch builds a new DataLoader), as
+the shipped ``dataloader-starvation`` policy asks; its preview reports the
+current and requested settings, and its undo restores what the job started with. Every step reports ``step_time_ms`` and
 ``dataloader_batch_wait_ms`` and reaches a step boundary, where queued calls run.
 
 It prints one JSON line per epoch (``{"event": "epoch", "epoch": 3,
-"prefetch_factor": 4, ...}`` read back from the DataLoader actually built) and one
+"prefetch_factor": 4, "num_workers": 8, ...}`` read back from the DataLoader actually built) and one
 at the end.
 
 Example::
@@ -17,7 +17,8 @@ Example::
     python examples/train_with_hooks.py --job llama --rank 0 --steps 400
     # elsewhere, as root or the same user:
     #   FrameworkHookActuator().plan(Target({"job": "llama"}),
-    #                                {"handler": "dataloader.prefetch", "args": {"factor": 4}})
+    #                                {"handler": "dataloader.prefetch",
+    #                                 "args": {"prefetch_factor": 8, "num_workers": 8}})
 
 Overhead of the hooks on the loop: a few microseconds per step.
 """
@@ -54,29 +55,43 @@ class SlowReadDataset(Dataset):
         return self.x[i], self.y[i]
 
 
-class PrefetchSetting:
-    """The prefetch factor the next epoch's DataLoader uses, with undo to the original."""
+class LoaderSettings:
+    """What the next epoch's DataLoader is built with (``prefetch_factor``,
+    ``num_workers``), with undo to what the job started with. Takes the arguments
+    the shipped ``dataloader-starvation`` policy sends."""
 
-    def __init__(self, factor: int) -> None:
-        self.factor = factor
-        self.original: int | None = None
+    LIMITS = {"prefetch_factor": (1, 64), "num_workers": (1, 64)}
 
-    def set(self, factor: int) -> dict:
-        factor = int(factor)
-        if not 1 <= factor <= 64:
-            raise ValueError(f"prefetch factor {factor} outside 1..64")
+    def __init__(self, prefetch_factor: int, num_workers: int) -> None:
+        self.current = {"prefetch_factor": prefetch_factor, "num_workers": num_workers}
+        self.original: dict | None = None
+
+    def _wanted(self, args: dict) -> dict:
+        unknown = set(args) - set(self.LIMITS)
+        if unknown or not args:
+            raise ValueError(f"takes {', '.join(self.LIMITS)}; got {', '.join(sorted(args)) or 'nothing'}")
+        wanted = dict(self.current)
+        for key, value in args.items():
+            lo, hi = self.LIMITS[key]
+            if not lo <= int(value) <= hi:
+                raise ValueError(f"{key} {value} outside {lo}..{hi}")
+            wanted[key] = int(value)
+        return wanted
+
+    def set(self, **args) -> dict:
+        wanted = self._wanted(args)
         if self.original is None:
-            self.original = self.factor
-        self.factor = factor
-        return {"prefetch_factor": factor, "original": self.original}
+            self.original = dict(self.current)
+        self.current = wanted
+        return {**wanted, "original": self.original}
 
     def restore(self, **_args) -> dict:
         if self.original is not None:
-            self.factor, self.original = self.original, None
-        return {"prefetch_factor": self.factor}
+            self.current, self.original = self.original, None
+        return dict(self.current)
 
-    def preview(self, factor: int) -> dict:
-        return {"before": {"prefetch_factor": self.factor}, "after": {"prefetch_factor": int(factor)}}
+    def preview(self, **args) -> dict:
+        return {"before": dict(self.current), "after": self._wanted(args)}
 
 
 def say(**fields) -> None:
@@ -93,15 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=256, help="samples per epoch")
     ap.add_argument("--read-ms", type=float, default=1.0)
     ap.add_argument("--prefetch", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args(argv)
     # SIGTERM ends the job through SystemExit, so the hook socket is removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     torch.manual_seed(0)
     torch.set_num_threads(1)
 
-    prefetch = PrefetchSetting(args.prefetch)
+    settings = LoaderSettings(args.prefetch, args.workers)
     hooks = Hooks.start(job=args.job, rank=args.rank, hook_dir=args.hook_dir)
-    hooks.handler("dataloader.prefetch", undo=prefetch.restore, preview=prefetch.preview)(prefetch.set)
+    hooks.handler("dataloader.prefetch", undo=settings.restore, preview=settings.preview)(settings.set)
     say(event="ready", socket=hooks.path, pid=hooks.pid)
 
     data = SlowReadDataset(args.samples, 32, args.read_ms)
@@ -111,10 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     step, epoch, loss = 0, 0, torch.tensor(0.0)
     with hooks:
         while step < args.steps:
-            loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, num_workers=2,
-                                prefetch_factor=prefetch.factor)
+            loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, **settings.current)
             say(event="epoch", epoch=epoch, step=step, prefetch_factor=loader.prefetch_factor,
-                loss=round(loss.item(), 5))
+                num_workers=loader.num_workers, loss=round(loss.item(), 5))
             waited = time.perf_counter()
             for x, y in loader:
                 start = time.perf_counter()

@@ -20,6 +20,7 @@ from conftest import ROOT, require_root
 
 from reflexarc.actuators.base import Change, PermanentActuatorError, Target, TemporaryActuatorError
 from reflexarc.actuators.framework_hook import FrameworkHookActuator, HookClient, ranks_by_pid, read_signals
+from reflexarc.controller.policy.loader import load_policies
 from reflexarc.core.procfs import ProcFS
 
 NOBODY = 65534
@@ -342,16 +343,25 @@ def test_example_training_script_changes_prefetch(hook_dir):
         assert act.endpoints(Target({"job": "mlp", "pid": str(os.getpid())})) == []
         target = Target({"job": "mlp", "rank": "0"})
 
-        change = hook(act, target, "dataloader.prefetch", {"factor": 4}, timeout=60)
+        # the arguments the shipped dataloader-starvation policy sends
+        [args] = [a.params["args"] for p in load_policies([str(ROOT / "policies")]) if p.name == "dataloader-starvation"
+                  for r in p.rules for a in r.actions if a.actuator == "framework_hook"]
+        assert args == {"prefetch_factor": 8, "num_workers": 8}
+        with pytest.raises(PermanentActuatorError, match="takes prefetch_factor, num_workers"):
+            hook(act, target, "dataloader.prefetch", {"factor": 4}, timeout=60)
+        change = hook(act, target, "dataloader.prefetch", {"prefetch_factor": 4, "num_workers": 3}, timeout=60)
         assert (change.before["endpoints"][0]["state"], change.after["endpoints"][0]["state"]) == \
-            ({"prefetch_factor": 2}, {"prefetch_factor": 4})
-        assert act.apply(change) == {ready["socket"]: {"prefetch_factor": 4, "original": 2}}
-        example.expect(lambda line: line.get("event") == "epoch" and line["prefetch_factor"] == 4)
+            ({"prefetch_factor": 2, "num_workers": 2}, {"prefetch_factor": 4, "num_workers": 3})
+        assert act.apply(change) == {ready["socket"]: {"prefetch_factor": 4, "num_workers": 3,
+                                                       "original": {"prefetch_factor": 2, "num_workers": 2}}}
+        example.expect(lambda line: line.get("event") == "epoch" and line["prefetch_factor"] == 4
+                       and line["num_workers"] == 3)
         signals = {s["name"]: s["value"] for s in read_signals(hook_dir, "mlp")}
         assert signals["step_time_ms"] >= signals["dataloader_batch_wait_ms"] >= 0
         assert signals["step_time_ms"] > 0
 
         act.revert(change)
-        example.expect(lambda line: line.get("event") == "epoch" and line["prefetch_factor"] == 2)
+        example.expect(lambda line: line.get("event") == "epoch" and line["prefetch_factor"] == 2
+                       and line["num_workers"] == 2)
     finally:
         example.stop()

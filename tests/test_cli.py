@@ -111,3 +111,32 @@ def test_run_refuses_bad_audit_and_target_settings():
         assert r.returncode == 2, (args, r.stderr)
         [line] = r.stderr.splitlines()
         assert line.startswith("error: ") and word in line and "Traceback" not in r.stderr
+
+
+ALERTING = """\
+policies:
+  - name: pager
+    mode: enforce
+    rules:
+      - name: slow
+        when: {signal: step_time_ms, agg: max, window: 30s, op: ">", threshold: 400}
+        actions:
+          - {actuator: alert, params: {summary: slow steps}}
+"""
+
+
+def test_run_says_at_start_that_alerts_have_no_receiver(tmp_path):
+    policy = tmp_path / "pager.yaml"
+    policy.write_text(ALERTING)
+    base = ["--state-dir", str(tmp_path / "state"), "--hook-dir", str(tmp_path / "hooks")]
+    common = ["run", "--no-probes", "--duration", "0.2", "--interval", "0.1", "--policy", str(policy),
+              "--kill-switch", str(tmp_path / "disable")]
+    r = rx(*base, *common, "--mode", "policy")
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == ["warning: policy pager (enforce) sends alerts, but no alert receiver is configured: "
+                        "give --alertmanager-url or --webhook-url"], r.stderr
+    quiet = rx(*base, "--webhook-url", "http://127.0.0.1:9/hook", *common, "--mode", "policy")
+    assert quiet.returncode == 0 and "warning:" not in quiet.stderr, quiet.stderr
+    dry = rx(*base, *common)                 # dry-run sends nothing
+    assert dry.returncode == 0 and "warning:" not in dry.stderr, dry.stderr
