@@ -262,7 +262,9 @@ def cmd_probes(args) -> int:
 
 def cmd_top(args) -> int:
     from .top import run_top
-    return run_top(_selection(_load_policies(args.policy), args.job), args.interval, args.count)
+    hook_dir = args.hook_dir if Path(args.hook_dir).is_dir() else None
+    return run_top(_selection(_load_policies(args.policy), args.job), args.interval, args.count,
+                   hook_dir=hook_dir, job=args.job)
 
 
 def cmd_act(args) -> int:
@@ -367,6 +369,24 @@ def cmd_journal(args) -> int:
 
 
 # --- parser ----------------------------------------------------------------------
+def actuators_help() -> str:
+    """Every actuator a policy or ``act`` may name, with its parameters: type,
+    required or default, choices and what it is for."""
+    from reflexarc.actuators.specs import SPECS
+    lines = ["actuators:"]
+    for spec in SPECS.values():
+        kind = "" if spec.changes_system else " (notifies only)"
+        lines.append(f"  {spec.name}{kind}: {spec.help}")
+        for p in spec.params:
+            need = "required" if p.required else (f"default {p.default}" if p.default not in (None, "") else "optional")
+            choices = f", one of {'|'.join(map(str, p.choices))}" if p.choices else ""
+            text = f" - {p.help}" if p.help else ""
+            lines.append(f"      {p.name}={p.type} ({need}{choices}){text}")
+    lines.append("example: reflexarc act affinity cpus=0 --label trainer=4242 --mode dry-run")
+    return "\n".join(lines)
+
+
+
 def build_parser() -> Parser:
     p = Parser(prog="reflexarc", description="Closed-loop remediation for training nodes.")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -433,17 +453,23 @@ def build_parser() -> Parser:
             s.add_argument("--count", type=int, help="refresh this many times, then exit")
         s.set_defaults(fn=fn)
 
-    s = sub.add_parser("act", help="apply one actuator by hand")
-    s.add_argument("actuator")
-    s.add_argument("params", nargs="*", metavar="key=value")
-    s.add_argument("--mode", choices=("dry-run", "alert-only", "enforce"), default="dry-run")
-    s.add_argument("--job", default="")
-    s.add_argument("--process", action="append", default=[])
-    s.add_argument("--pid", action="append", type=int, default=[])
-    s.add_argument("--cgroup")
-    s.add_argument("--interface", action="append", default=[])
-    s.add_argument("--port", action="append", default=[])
-    s.add_argument("--label", action="append", default=[], metavar="key=value")
+    s = sub.add_parser("act", help="apply one actuator by hand", epilog=actuators_help(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Plan (default), alert about or apply one actuator step, journaled and "
+                                   "audited like the controller's. Parameters are key=value.")
+    s.add_argument("actuator", help="one of the actuators listed below")
+    s.add_argument("params", nargs="*", metavar="key=value", help="the actuator's parameters (below)")
+    s.add_argument("--mode", choices=("dry-run", "alert-only", "enforce"), default="dry-run",
+                   help="dry-run plans and shows the diff (default); enforce journals and applies")
+    s.add_argument("--job", default="", help="the job the target belongs to")
+    s.add_argument("--process", action="append", default=[], help="process names it may touch (repeatable)")
+    s.add_argument("--pid", action="append", type=int, default=[],
+                   help="processes it may touch, with their descendants (repeatable)")
+    s.add_argument("--cgroup", help="the job's cgroup path")
+    s.add_argument("--interface", action="append", default=[], help="network interface (repeatable)")
+    s.add_argument("--port", action="append", default=[], help="port or lo-hi range (repeatable)")
+    s.add_argument("--label", action="append", default=[], metavar="key=value",
+                   help="a target label, e.g. trainer=4242 (a training process) or pid=812 (repeatable)")
     s.add_argument("--audit", help="audit log to append to (default STATE_DIR/audit.jsonl)")
     s.set_defaults(fn=cmd_act)
 

@@ -1,4 +1,5 @@
-"""``reflexarc top``: live signals per target, refreshed each interval, in the
+"""``reflexarc top``: live signals per target (probes, and the step signals
+training scripts report through the hooks), refreshed each interval, in the
 manner of bcc's interval tools (``biolatency 1``, ``runqlat 1``), followed by
 the most recent discrete probe events (cross-NUMA migrations), e.g.::
 
@@ -18,7 +19,7 @@ from collections import deque
 
 from .signals import CATALOGUE
 
-TARGET_LABELS = ("job", "pid", "dev", "flow", "port", "qp", "iface")
+TARGET_LABELS = ("job", "rank", "trainer", "pid", "dev", "flow", "port", "qp", "iface")
 RECENT_EVENTS = 5
 
 
@@ -49,9 +50,17 @@ def format_event(event: dict) -> str:
     return f"{stamp} {event.get('kind', 'event')} {fields}"
 
 
-def run_top(selection, interval: float = 1.0, count: int | None = None) -> int:
+def run_top(selection, interval: float = 1.0, count: int | None = None, hook_dir: str | None = None,
+            job: str = "") -> int:
+    """Probe signals (with the rank of hooked training processes) and, with a
+    hook directory, the step signals training scripts report."""
     from reflexarc.bpf.manager import ProbeManager
+
+    from .sources import HookSource, ProbeSource
     manager = ProbeManager(selection, interval=interval)
+    sources = [ProbeSource(manager, refresh_every=0.0, hook_dir=hook_dir)]
+    if hook_dir:
+        sources.append(HookSource(hook_dir, job))
     statuses = manager.start()
     down = [f"{n}: {s}" for n, s in statuses.items() if s.state != "ok"]
     tty = sys.stdout.isatty()
@@ -60,8 +69,8 @@ def run_top(selection, interval: float = 1.0, count: int | None = None) -> int:
     try:
         while count is None or n < count:
             time.sleep(interval)
-            manager.refresh_selection()
-            samples = manager.collect(time.time())
+            now = time.time()
+            samples = [sample for src in sources for sample in src.poll(now)]
             recent.extend(manager.events())
             if tty:
                 sys.stdout.write("\x1b[H\x1b[2J")

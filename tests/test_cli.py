@@ -140,3 +140,15 @@ def test_run_says_at_start_that_alerts_have_no_receiver(tmp_path):
     assert quiet.returncode == 0 and "warning:" not in quiet.stderr, quiet.stderr
     dry = rx(*base, *common)                 # dry-run sends nothing
     assert dry.returncode == 0 and "warning:" not in dry.stderr, dry.stderr
+
+
+def test_act_help_lists_every_actuator_and_its_parameters():
+    from reflexarc.actuators.specs import SPECS
+    r = rx("act", "--help")
+    assert r.returncode == 0, r.stderr
+    listing = r.stdout.split("actuators:", 1)[1]
+    for spec in SPECS.values():
+        assert f"\n  {spec.name}" in listing, spec.name
+        for p in spec.params:
+            assert f"{p.name}={p.type} (" in listing, (spec.name, p.name)
+    assert "dscp=dscp (required)" in listing

@@ -37,3 +37,38 @@ def test_top_prints_live_signals():
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("samples)") == 2
+
+
+def test_top_shows_hook_step_signals_and_loader_signals_by_training_process(tmp_path):
+    """A real DataLoader job with framework hooks: ``top`` shows the step signals it
+    reports and its workers' read signals under its pid and rank."""
+    require_bpf()
+    import json
+    import os
+    import signal
+    from conftest import ROOT
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    job = subprocess.Popen([sys.executable, str(ROOT / "tests" / "workloads" / "epoch_loader.py"), "--duration", "60",
+                            "--hook-dir", str(hooks), "--job", "llama", "--interval", "0.5"],
+                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        ready = None
+        for line in job.stdout:
+            rec = json.loads(line)
+            if rec.get("event") in ("ready", "progress") and list(hooks.iterdir()):
+                ready = rec
+                break
+        assert ready is not None, "the job did not start"
+        r = subprocess.run(RX + ["--hook-dir", str(hooks), "top", "--job", "llama", "--interval", "1",
+                                 "--count", "4"], capture_output=True, text=True, timeout=300)
+    finally:
+        os.killpg(job.pid, signal.SIGTERM)
+        job.wait(timeout=30)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines()]
+    step = [row for row in rows if len(row) >= 2 and row[1] == "step_time_ms"]
+    assert step and step[0][0] == "job=llama,rank=0", r.stdout
+    assert any(len(row) >= 2 and row[1] == "dataloader_batch_wait_ms" for row in rows), r.stdout
+    loader = [row[0] for row in rows if len(row) >= 2 and row[1].startswith("dataloader_read")]
+    assert loader and all(f"rank=0,trainer={job.pid}" in t for t in loader), r.stdout
