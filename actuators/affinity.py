@@ -47,9 +47,9 @@ import os
 
 from reflexarc.core.cpus import format_cpulist
 from reflexarc.core.procfs import ProcFS
+from reflexarc.core.topology import Topology, TopologyError
 
 from .base import Actuator, Change, PermanentActuatorError, Target, TemporaryActuatorError
-from .numa import NumaTopology
 from .specs import SPECS
 
 log = logging.getLogger("reflexarc.actuators.affinity")
@@ -73,7 +73,7 @@ class AffinityActuator(Actuator):
 
     def __init__(self, proc_root: str = "/proc", sys_root: str = "/sys") -> None:
         self.procfs = ProcFS(proc_root)
-        self.topology = NumaTopology(sys_root)
+        self.topology = Topology(sys_root)
 
     # -- selection -----------------------------------------------------------------
 
@@ -177,17 +177,20 @@ class AffinityActuator(Actuator):
         if len(given) != 1:
             raise PermanentActuatorError("affinity needs exactly one of 'node', 'cpus', 'device' "
                                          f"(got {', '.join(given) or 'none'})")
-        if given == ["cpus"]:
-            cpus, where = list(params["cpus"]), "explicit list"
-        elif given == ["node"]:
-            node = params["node"]
-            cpus, where = self.topology.node_cpus(node), f"node {node}"
-        else:
-            node = self.topology.device_node(str(params["device"]))
-            if node is None:
-                raise PermanentActuatorError(f"PCI device {params['device']} reports numa_node -1: "
-                                             "the platform gives no NUMA affinity for it")
-            cpus, where = self.topology.node_cpus(node), f"node {node} of {params['device']}"
+        try:
+            if given == ["cpus"]:
+                cpus, where = list(params["cpus"]), "explicit list"
+            elif given == ["node"]:
+                node = params["node"]
+                cpus, where = self.topology.node_cpus(node), f"node {node}"
+            else:
+                node = self.topology.device_node(str(params["device"]))
+                if node is None:
+                    raise PermanentActuatorError(f"PCI device {params['device']} reports numa_node -1: "
+                                                 "the platform gives no NUMA affinity for it")
+                cpus, where = self.topology.node_cpus(node), f"node {node} of {params['device']}"
+        except TopologyError as exc:
+            raise PermanentActuatorError(str(exc)) from None
         online = self.topology.online_cpus()
         if online is not None and set(cpus) - set(online):
             raise PermanentActuatorError(f"CPUs {format_cpulist(set(cpus) - set(online))} are not online")

@@ -7,11 +7,13 @@ resolved to processes under /proc at start and on ``refresh_selection``; every
 probe gets the resolved pids as map updates (no recompiles), so a DataLoader
 that spawns new workers is followed. Deep probes (``tier = "deep"``, e.g.
 ``RdmaQp``) run per requesting key with a time-to-live; the constructor of a
-deep probe class takes the session's ``params`` as keyword arguments.
+deep probe class takes the session's ``params`` as keyword arguments. A probe
+with ``takes_sys_root`` (``sched_numa``: the NUMA topology) gets ``sys_root``,
+the sysfs tree describing the machine (``/sys``, or a fixture tree).
 
 Example::
 
-    mgr = ProbeManager(Selection(comms=("pt_data_worker",), job="llama"))
+    mgr = ProbeManager(Selection(comms=("pt_data_worker",), job="llama"), sys_root="/sys")
     mgr.start()                                   # {"dataloader_io": ok, ...}
     for batch in mgr.run(should_stop=lambda: False):
         publish(batch)                            # [(signal, labels, value), ...]
@@ -77,13 +79,15 @@ class ProbeManager:
     def __init__(self, selection: Selection, interval: float = 1.0,
                  features: KernelFeatures | None = None, node: str = "",
                  probes: Sequence[str | type[Probe] | Probe] | None = None, *,
-                 proc_root: str = "/proc", clock: Callable[[], float] = time.time) -> None:
+                 proc_root: str = "/proc", sys_root: str = "/sys",
+                 clock: Callable[[], float] = time.time) -> None:
         self.base_selection = selection
         self.selection = selection
         self.interval = interval
         self.features = features or KernelFeatures()
         self.node = node
         self.procfs = ProcFS(proc_root)
+        self.sys_root = sys_root
         self.clock = clock
         self.armed_after: float | None = None   # seconds from start() to every probe armed
         self._probes: dict[str, Probe] = {}
@@ -104,9 +108,14 @@ class ProbeManager:
                 name = str(spec)
                 self._status[name] = ProbeStatus(UNSUPPORTED, str(exc))
                 return
-        probe = spec(self.selection, self.features, self.node)
+        probe = self._new(spec)
         self._probes[probe.name] = probe
         self._status[probe.name] = probe.status
+
+    def _new(self, cls: type[Probe], **params) -> Probe:
+        if cls.takes_sys_root:
+            params["sys_root"] = self.sys_root
+        return cls(self.selection, self.features, self.node, **params)
 
     @property
     def probes(self) -> dict[str, Probe]:
@@ -239,7 +248,7 @@ class ProbeManager:
         if cls.tier != catalog.DEEP:
             return ProbeStatus(UNSUPPORTED, f"'{probe_name}' is a {cls.tier} probe, always on")
         try:
-            probe = cls(self.selection, self.features, self.node, **params)
+            probe = self._new(cls, **params)
         except (TypeError, ValueError) as exc:
             return ProbeStatus(UNSUPPORTED, f"bad params for {probe_name}: {exc}")
         status = start_probe(probe)
@@ -295,7 +304,7 @@ def _list(mgr: ProbeManager) -> str:
         except catalog.ProbeNotAvailable as exc:
             lines.append(f"{name:<14} {tier:<5} unavailable: {exc}")
             continue
-        probe = mgr.probes.get(name) or cls(mgr.selection, mgr.features, mgr.node)
+        probe = mgr.probes.get(name) or mgr._new(cls)
         status = probe.capability()
         lines.append(f"{name:<14} {tier:<5} {status}")
         lines.append(f"{'':<20} signals: {', '.join(s.name for s in cls.signals)}")

@@ -113,6 +113,7 @@ class Probe:
     signals: tuple[SignalSpec, ...] = ()  # what this probe emits; the signal catalogue reads it
     fallback_order: tuple[str, ...] = ()  # human-readable, shown by `reflexarc probes`
     trainers = None                  # a trainers.Trainers: adds ``trainer`` to labels with a ``pid``
+    takes_sys_root = False           # the constructor takes ``sys_root=``, the sysfs tree describing the machine
 
     def __init__(self, selection: Selection | None = None, features: KernelFeatures | None = None,
                  node: str = "") -> None:

@@ -25,8 +25,8 @@
  *                             queued_at[next], us)] += 1
  * The loader reads and deletes migrations and runq_hist once per interval, and
  * polls numa_events without blocking; events_lost is a running count.
- * cpu_node is written by the loader from bpf/topology.py (map update, no
- * recompile); -1 marks an unknown CPU, never counted as a crossing.
+ * cpu_node is written by the loader from reflexarc.core.topology (map
+ * update, no recompile); -1 marks an unknown CPU, never counted as a crossing.
  *
  * Histogram slots are log-linear (hist_slot in reflexarc_common.h), HIST_SLOTS
  * in all.

@@ -5,9 +5,12 @@ A worker the scheduler bounces across NUMA nodes reads its memory remotely and
 slows down (field reports: loader P99 up 4x); a worker that waits long on the
 run queue starves the GPU even when its I/O is fast. The kernel counts each
 migration of a watched thread on ``sched:sched_migrate_task`` and flags it as a
-crossing through a CPU -> node array loaded from ``bpf/topology.py`` (an
-override such as ``{0: [0], 1: [1]}`` makes a one-node machine testable), and
-keeps a log-linear histogram of wakeup (or preemption) to switch-in delay.
+crossing through a CPU -> node array the loader fills from
+``reflexarc.core.topology`` at start: the topology of the ``sys_root`` sysfs
+tree (``/sys``, or a fixture tree declaring more nodes; ``reflexarc
+--sys-root``), or a ``NodeMap`` given outright such as ``{0: [0], 1: [1]}``, so
+a one-node machine is testable; ``set_topology`` reloads it. It also keeps a
+log-linear histogram of wakeup (or preemption) to switch-in delay.
 
 Signals: ``numa_migrations_total{pid,trainer}`` and
 ``numa_cross_migrations_total{pid,trainer}`` (running counters since the probe
@@ -32,7 +35,8 @@ sched_migrate_task or sched_switch (unsupported).
 
 Example::
 
-    probe = SchedNuma(Selection(comms=("pt_data_worker",)), topology=Topology({0: [0], 1: [1]}))
+    probe = SchedNuma(Selection(comms=("pt_data_worker",)), sys_root="/srv/two-node-sys")
+    probe = SchedNuma(Selection(comms=("pt_data_worker",)), topology=NodeMap({0: [0], 1: [1]}))
     probe.start()
     ...
     probe.collect(now=time.time())   # [("numa_migrations_total", {"pid": "4250", "trainer": "4242", ...}, 3), ...]
@@ -60,11 +64,11 @@ from collections import deque
 from reflexarc.core.cpus import parse_cpulist
 from reflexarc.core.procfs import ProcFS
 from reflexarc.core.signals import SignalSpec
+from reflexarc.core.topology import NodeMap, Topology
 
 from .loghist import SLOTS, quantiles
 from .maps import RunningTotals, drain, drain_hists, sync_selection
 from .probe import DEGRADED, EVENTS_LOST, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
-from .topology import Topology
 from .trainers import Trainers
 
 MAX_SELECTED = 1024
@@ -102,6 +106,7 @@ def _comm_is_data_loc(features: KernelFeatures) -> bool:
 class SchedNuma(Probe):
     name = "sched_numa"
     tier = "light"
+    takes_sys_root = True
     # trainer: the training process that owns the worker; rank: that process's rank.
     signals = (
         SignalSpec("numa_migrations_total", "1", ("node", "job", "pid", "trainer", "rank"), "counter",
@@ -118,12 +123,13 @@ class SchedNuma(Probe):
     )
 
     def __init__(self, selection: Selection | None = None, features: KernelFeatures | None = None,
-                 node: str = "", topology: Topology | None = None, max_pids: int = 1024,
-                 max_threads: int = 16384, proc_root: str = "/proc", ring_pages: int = RING_PAGES) -> None:
+                 node: str = "", topology: NodeMap | None = None, max_pids: int = 1024,
+                 max_threads: int = 16384, proc_root: str = "/proc", ring_pages: int = RING_PAGES,
+                 sys_root: str = "/sys") -> None:
         super().__init__(selection, features, node)
         if ring_pages < 1 or ring_pages & (ring_pages - 1):
             raise ValueError(f"ring_pages must be a power of two, not {ring_pages}")
-        self.topology = topology or Topology.from_sysfs(str(self.features.sysfs))
+        self.topology = topology or Topology(sys_root).node_map()
         self.max_cpus = max(_possible_cpus(str(self.features.sysfs)), max(self.topology.cpus(), default=0) + 1)
         self.max_pids = max_pids
         self.max_threads = max_threads
@@ -194,7 +200,7 @@ class SchedNuma(Probe):
         self._events.clear()
         return events
 
-    def set_topology(self, topology: Topology) -> None:
+    def set_topology(self, topology: NodeMap) -> None:
         """Load a CPU -> node map into the kernel (one array update per CPU)."""
         self.topology = topology
         if self.bpf is None:

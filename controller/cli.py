@@ -212,7 +212,7 @@ def cmd_run(args) -> int:
         sources.append(HookSource(args.hook_dir, args.job))
     if not args.no_probes:
         from reflexarc.bpf.manager import ProbeManager
-        manager = ProbeManager(_selection(policies, args.job), interval=args.interval)
+        manager = ProbeManager(_selection(policies, args.job), interval=args.interval, sys_root=args.sys_root)
         for name, status in manager.start().items():
             logging.getLogger("reflexarc.probes").info("%s: %s", name, status)
         config.deep_tier = manager
@@ -239,7 +239,7 @@ def cmd_probes(args) -> int:
     from reflexarc.bpf import catalog
     from reflexarc.bpf.manager import ProbeManager
     policies = _load_policies(args.policy)
-    manager = ProbeManager(_selection(policies, args.job))
+    manager = ProbeManager(_selection(policies, args.job), sys_root=args.sys_root)
     if args.dump_bpf:
         print(manager.dump_bpf())
         return 0
@@ -264,7 +264,7 @@ def cmd_top(args) -> int:
     from .top import run_top
     hook_dir = args.hook_dir if Path(args.hook_dir).is_dir() else None
     return run_top(_selection(_load_policies(args.policy), args.job), args.interval, args.count,
-                   hook_dir=hook_dir, job=args.job)
+                   hook_dir=hook_dir, job=args.job, sys_root=args.sys_root)
 
 
 def cmd_act(args) -> int:
@@ -393,7 +393,9 @@ def build_parser() -> Parser:
     p.add_argument("--state-dir", default=os.environ.get("REFLEXARC_STATE_DIR", DEFAULT_STATE_DIR),
                    help="journal and audit directory (default %(default)s)")
     p.add_argument("--proc-root", default="/proc")
-    p.add_argument("--sys-root", default="/sys")
+    p.add_argument("--sys-root", default="/sys",
+                   help="sysfs tree describing the machine: NUMA nodes, online CPUs, PCI devices "
+                        "(affinity actuator, sched_numa probe; default %(default)s)")
     p.add_argument("--hook-dir", default="/run/reflexarc/hooks")
     p.add_argument("--alertmanager-url", default=os.environ.get("REFLEXARC_ALERTMANAGER_URL"))
     p.add_argument("--webhook-url", default=os.environ.get("REFLEXARC_WEBHOOK_URL"))

@@ -51,13 +51,13 @@ def format_event(event: dict) -> str:
 
 
 def run_top(selection, interval: float = 1.0, count: int | None = None, hook_dir: str | None = None,
-            job: str = "") -> int:
+            job: str = "", sys_root: str = "/sys") -> int:
     """Probe signals (with the rank of hooked training processes) and, with a
     hook directory, the step signals training scripts report."""
     from reflexarc.bpf.manager import ProbeManager
 
     from .sources import HookSource, ProbeSource
-    manager = ProbeManager(selection, interval=interval)
+    manager = ProbeManager(selection, interval=interval, sys_root=sys_root)
     sources = [ProbeSource(manager, refresh_every=0.0, hook_dir=hook_dir)]
     if hook_dir:
         sources.append(HookSource(hook_dir, job))

@@ -23,6 +23,7 @@ from reflexarc.core.ports import format_port_ranges, port_range, port_ranges
 from reflexarc.core.procfs import ProcFS, ProcStat
 from reflexarc.core.signals import SignalSpec, suggest
 from reflexarc.core.targets import target_key
+from reflexarc.core.topology import NO_NODE, NodeMap, Topology, TopologyError, normalise_pci_address
 
 CORE = Path(__file__).resolve().parents[1] / "core"
 
@@ -283,6 +284,84 @@ def test_procfs_reads_the_real_proc_for_this_process():
     finally:
         stop.set()
         thread.join()
+
+
+# ---- NUMA topology -------------------------------------------------------------------------------
+def sysfs(root: Path, nodes: dict[str, str] | None = None, online: str | None = None,
+          devices: dict[str, str] | None = None) -> Path:
+    """A fixture sysfs: node name -> cpulist, cpu/online, PCI address -> numa_node."""
+    for node, cpus in (nodes or {}).items():
+        (root / "devices/system/node" / node).mkdir(parents=True)
+        (root / "devices/system/node" / node / "cpulist").write_text(cpus + "\n")
+    if online is not None:
+        (root / "devices/system/cpu").mkdir(parents=True)
+        (root / "devices/system/cpu/online").write_text(online + "\n")
+    for addr, node in (devices or {}).items():
+        (root / "bus/pci/devices" / addr).mkdir(parents=True)
+        (root / "bus/pci/devices" / addr / "numa_node").write_text(node + "\n")
+    return root
+
+
+def test_topology_of_two_nodes(tmp_path):
+    root = sysfs(tmp_path, {"node1": "4-7", "node0": "0-3,8", "nodeX": "9", "node1a": "10"}, online="0-8")
+    (root / "devices/system/node/node2").mkdir()          # a node directory without a cpulist
+    topo = Topology(str(root))
+    assert topo.nodes() == {0: [0, 1, 2, 3, 8], 1: [4, 5, 6, 7]}
+    assert topo.node_cpus(1) == [4, 5, 6, 7]
+    assert topo.node_of(8) == 0 and topo.node_of(5) == 1 and topo.node_of(9) == NO_NODE
+    assert topo.node_map().cpu_nodes(10) == [0, 0, 0, 0, 1, 1, 1, 1, 0, NO_NODE]
+    assert topo.online_cpus() == list(range(9))
+    with pytest.raises(TopologyError, match=r"no NUMA node 7 \(nodes: 0, 1\)"):
+        topo.node_cpus(7)
+
+
+def test_topology_is_read_afresh(tmp_path):
+    root = sysfs(tmp_path, {"node0": "0-1"}, online="0-1")
+    topo = Topology(root)
+    (root / "devices/system/cpu/online").write_text("0\n")      # CPU 1 unplugged
+    assert topo.online_cpus() == [0]
+
+
+def test_topology_without_node_directory_is_one_node_of_online_cpus(tmp_path):
+    topo = Topology(sysfs(tmp_path, online="0-2,5"))
+    assert topo.nodes() == {0: [0, 1, 2, 5]}
+    assert topo.node_cpus(0) == [0, 1, 2, 5] and topo.node_of(5) == 0 and topo.node_of(3) == NO_NODE
+    assert Topology(tmp_path / "nothing").nodes() == {0: [0]}
+    assert Topology(tmp_path / "nothing").online_cpus() is None
+
+
+def test_topology_with_offline_cpus(tmp_path):
+    topo = Topology(sysfs(tmp_path, {"node0": "0-1", "node1": "2-3"}, online="0-1,3"))
+    assert topo.nodes() == {0: [0, 1], 1: [2, 3]}        # nodes list their offline CPUs too
+    assert topo.online_cpus() == [0, 1, 3]
+    assert Topology(sysfs(tmp_path / "flat", online="0,2-3")).nodes() == {0: [0, 2, 3]}
+
+
+def test_pci_device_numa_node(tmp_path):
+    topo = Topology(sysfs(tmp_path, {"node0": "0"}, devices={"0000:3b:00.0": "1", "0000:5e:00.0": "-1"}))
+    assert topo.device_node("0000:3b:00.0") == 1
+    assert topo.device_node(" 3B:00.0 ") == 1                 # domain optional, any case
+    assert topo.device_node("0000:5e:00.0") is None           # -1: no affinity information
+    with pytest.raises(TopologyError, match="no PCI device 0000:aa:00.0 under"):
+        topo.device_node("aa:00.0")
+    for bad in ("../../x", "0000:3b:00.8", "3b:00"):
+        with pytest.raises(TopologyError, match="is not a PCI address"):
+            topo.device_node(bad)
+    assert normalise_pci_address("ABCD:3b:1F.7") == "abcd:3b:1f.7"
+
+
+def test_node_map_given_outright():
+    nodes = NodeMap({1: [3, 1], 0: [0]})
+    assert nodes.nodes == {0: [0], 1: [1, 3]} and nodes.cpus() == [0, 1, 3]
+    assert nodes.cpu_nodes(5) == [0, 1, NO_NODE, 1, NO_NODE]
+    with pytest.raises(ValueError, match="more than one node"):
+        NodeMap({0: [0, 1], 1: [1]})
+
+
+def test_machine_topology_covers_the_cpus_this_process_may_use():
+    topo = Topology()
+    assert set(topo.node_map().cpus()) >= os.sched_getaffinity(0)
+    assert set(topo.online_cpus()) >= os.sched_getaffinity(0)
 
 
 # ---- signals ---------------------------------------------------------------------------------

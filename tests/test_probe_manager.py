@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import require, require_bpf
+from conftest import require, require_bpf, two_node_sys
 from test_probe_sched_numa import Spinner, move
 
 from reflexarc.bpf import catalog
@@ -22,10 +22,10 @@ from reflexarc.bpf.dataloader_io import DataloaderIo
 from reflexarc.bpf.manager import ProbeManager
 from reflexarc.bpf.probe import DEEP_EVENTS_PER_S, OK, STOPPED, UNSUPPORTED, Probe, ProbeStatus, Selection
 from reflexarc.bpf.sched_numa import SchedNuma
-from reflexarc.bpf.topology import Topology
 from reflexarc.controller.signals import CATALOGUE
 from reflexarc.controller.top import format_event
 from reflexarc.core.procfs import ProcFS
+from reflexarc.core.topology import NodeMap, Topology
 
 COMM = f"rxw{os.getpid() % 100000}"
 
@@ -198,7 +198,7 @@ def test_refresh_follows_new_and_exited_workers(manager):
 def test_events_are_tagged_and_handed_out_once(manager):
     require(len(os.sched_getaffinity(0) & {0, 1}) == 2, "CPUs 0 and 1 available to this process")
     numa = manager.probes["sched_numa"]
-    numa.set_topology(Topology({0: [0], 1: [1]}))
+    numa.set_topology(NodeMap({0: [0], 1: [1]}))
     spinner = Spinner(COMM)
     try:
         manager.refresh_selection()
@@ -212,7 +212,7 @@ def test_events_are_tagged_and_handed_out_once(manager):
         again = manager.events()
     finally:
         spinner.stop()
-        numa.set_topology(Topology.from_sysfs())
+        numa.set_topology(Topology().node_map())
     assert [(e["probe"], e["kind"], e["tgid"], e["comm"], e["orig_node"], e["dest_node"]) for e in events] == [
         ("sched_numa", "cross_numa_migration", spinner.pid, COMM, i % 2, 1 - i % 2) for i in range(4)]
     assert again == []
@@ -280,6 +280,13 @@ def test_run_yields_a_batch_per_interval(manager, monkeypatch):
     assert selected[-1], "the periodic refresh never picked the worker up"
     seen = {int(labels["pid"]) for batch in batches for n, labels, _ in batch if n == "dataloader_reads_total"}
     assert worker.pid in seen
+
+
+def test_sys_root_reaches_the_probes_that_read_the_topology(tmp_path):
+    root = two_node_sys(tmp_path / "sys")
+    mgr = ProbeManager(Selection(), probes=["sched_numa", "dataloader_io"], sys_root=str(root))
+    assert mgr.probes["sched_numa"].topology.nodes == {0: [0], 1: [1]}
+    assert ProbeManager(Selection(), probes=["sched_numa"]).probes["sched_numa"].topology.nodes == Topology().nodes()
 
 
 def test_unavailable_probe_is_unsupported_not_fatal():

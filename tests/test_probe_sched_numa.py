@@ -1,11 +1,13 @@
-"""sched_numa probe against real migrations of a real task, and the topology
-reader on a fixture sysfs.
+"""sched_numa probe against real migrations of a real task, under a topology
+given outright and under one read from a fixture sysfs tree.
 
 A child names itself ``pt_data_worker`` and spins; the test moves it between
 CPU 0 and CPU 1 with ``sched_setaffinity`` (each move of a running task is one
-``sched_migrate_task``). Under the override topology {0: [0], 1: [1]} every
-move crosses a node, and each crossing is one ring-buffer event; after loading
-{0: [0, 1]} (a map update) none does.
+``sched_migrate_task``). Under the node map {0: [0], 1: [1]} every move crosses
+a node, and each crossing is one ring-buffer event; after loading {0: [0, 1]}
+(a map update) none does. A probe given a fixture sys root that declares cpu0
+on node 0 and cpu1 on node 1 counts the same moves as crossings; one on the
+real /sys of this one-node machine counts none.
 """
 from __future__ import annotations
 
@@ -15,12 +17,12 @@ import sys
 import time
 
 import pytest
-from conftest import require, require_bpf
+from conftest import require, require_bpf, two_node_sys
 
 from reflexarc.bpf.probe import OK, Selection
 from reflexarc.bpf.sched_numa import SchedNuma
-from reflexarc.bpf.topology import NO_NODE, Topology
 from reflexarc.controller.signals import CATALOGUE
+from reflexarc.core.topology import NodeMap, Topology
 
 SPINNER = r"""
 import ctypes, sys, time
@@ -68,7 +70,7 @@ def counters(samples, pid: int) -> dict[str, float]:
 def probe():
     require_bpf()
     require(len(os.sched_getaffinity(0) & {0, 1}) == 2, "CPUs 0 and 1 available to this process")
-    p = SchedNuma(Selection(comms=("pt_data_worker",), job="t-numa"), topology=Topology({0: [0], 1: [1]}))
+    p = SchedNuma(Selection(comms=("pt_data_worker",), job="t-numa"), topology=NodeMap({0: [0], 1: [1]}))
     assert p.start().state == OK
     yield p
     p.stop()
@@ -92,7 +94,7 @@ def test_cross_numa_migrations_counted_exactly(probe):
     moves = 10
     spinner = Spinner("pt_data_worker")
     try:
-        probe.set_topology(Topology({0: [0], 1: [1]}))
+        probe.set_topology(NodeMap({0: [0], 1: [1]}))
         move(spinner.pid, 0)
         before = counters(probe.collect(time.time()), spinner.pid)
         for i in range(moves):
@@ -101,7 +103,7 @@ def test_cross_numa_migrations_counted_exactly(probe):
         after = counters(samples, spinner.pid)
 
         # Same CPUs, one node: the same moves no longer cross.
-        probe.set_topology(Topology({0: [0, 1]}))
+        probe.set_topology(NodeMap({0: [0, 1]}))
         for i in range(moves):
             move(spinner.pid, 1 if i % 2 == 0 else 0)
         last = counters(probe.collect(time.time()), spinner.pid)
@@ -128,7 +130,7 @@ def test_cross_numa_migrations_sent_as_events(probe):
     moves = 6
     spinner = Spinner("pt_data_worker")
     try:
-        probe.set_topology(Topology({0: [0], 1: [1]}))
+        probe.set_topology(NodeMap({0: [0], 1: [1]}))
         move(spinner.pid, 0)
         probe.collect(time.time())
         probe.drain_events()
@@ -153,7 +155,7 @@ def test_cross_numa_migrations_sent_as_events(probe):
 def test_unselected_task_not_counted(probe):
     other = Spinner("rx_not_a_worker")
     try:
-        probe.set_topology(Topology({0: [0], 1: [1]}))     # its moves would cross
+        probe.set_topology(NodeMap({0: [0], 1: [1]}))     # its moves would cross
         probe.collect(time.time())
         for i in range(4):
             move(other.pid, 1 if i % 2 == 0 else 0)
@@ -170,7 +172,7 @@ def test_full_ring_buffer_counts_lost_events():
     are counted as lost, and the rest arrive."""
     require_bpf()
     moves = 120
-    small = SchedNuma(Selection(comms=("pt_data_worker",)), topology=Topology({0: [0], 1: [1]}), ring_pages=1)
+    small = SchedNuma(Selection(comms=("pt_data_worker",)), topology=NodeMap({0: [0], 1: [1]}), ring_pages=1)
     assert small.start().state == OK
     spinner = Spinner("pt_data_worker")
     try:
@@ -210,26 +212,31 @@ def test_runq_latency_rises_when_cpu_is_shared(probe):
     assert p99 and p99[0] >= 500, samples
 
 
-def test_topology_from_fixture_sysfs(tmp_path):
-    for node, cpus in ((0, "0-3,8"), (1, "4-7")):
-        d = tmp_path / "devices" / "system" / "node" / f"node{node}"
-        d.mkdir(parents=True)
-        (d / "cpulist").write_text(cpus + "\n")
-    topo = Topology.from_sysfs(str(tmp_path))
-    assert topo.nodes == {0: [0, 1, 2, 3, 8], 1: [4, 5, 6, 7]}
-    assert topo.node_of(8) == 0 and topo.node_of(5) == 1 and topo.node_of(9) == NO_NODE
-    assert topo.cpu_nodes(10) == [0, 0, 0, 0, 1, 1, 1, 1, 0, NO_NODE]
+def cross_migrations_of_moves(sys_root: str, moves: int) -> tuple[float, float]:
+    """(all, cross) migrations a probe reading its topology from ``sys_root``
+    counts for a worker moved ``moves`` times between CPU 0 and CPU 1."""
+    p = SchedNuma(Selection(comms=("pt_data_worker",)), sys_root=sys_root)
+    assert p.start().state == OK
+    spinner = Spinner("pt_data_worker")
+    try:
+        move(spinner.pid, 0)
+        before = counters(p.collect(time.time()), spinner.pid)
+        for i in range(moves):
+            move(spinner.pid, 1 if i % 2 == 0 else 0)
+        after = counters(p.collect(time.time()), spinner.pid)
+    finally:
+        spinner.stop()
+        p.stop()
+    return tuple(after[name] - before.get(name, 0)
+                 for name in ("numa_migrations_total", "numa_cross_migrations_total"))
 
 
-def test_topology_without_numa_is_one_node(tmp_path):
-    cpu = tmp_path / "devices" / "system" / "cpu"
-    cpu.mkdir(parents=True)
-    (cpu / "possible").write_text("0-5\n")
-    assert Topology.from_sysfs(str(tmp_path)).nodes == {0: [0, 1, 2, 3, 4, 5]}
-    with pytest.raises(ValueError):
-        Topology({0: [0, 1], 1: [1]})
-
-
-def test_machine_topology_covers_online_cpus():
-    topo = Topology.from_sysfs()
-    assert set(topo.cpus()) >= os.sched_getaffinity(0)
+def test_fixture_sys_root_declares_the_nodes_the_kernel_counts(tmp_path):
+    require_bpf()
+    require(len(os.sched_getaffinity(0) & {0, 1}) == 2, "CPUs 0 and 1 available to this process")
+    require(len(Topology().nodes()) == 1, "a one-node machine (the real /sys lists one NUMA node)")
+    moves = 6
+    moved, crossed = cross_migrations_of_moves(str(two_node_sys(tmp_path / "sys")), moves)
+    assert moved >= moves and crossed == moves
+    moved, crossed = cross_migrations_of_moves("/sys", moves)
+    assert moved >= moves and crossed == 0
