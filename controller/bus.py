@@ -12,13 +12,11 @@ Example::
 
     bus = SignalBus(retention=600)
     bus.publish("step_time_ms", {"job": "llama", "rank": "0"}, 180.0, ts=12.0)
-    for labels, points in bus.select("step_time_ms", {"job": "llama"}, since=0.0):
-        ...
     gen, series = bus.generation("step_time_ms"), bus.series("step_time_ms")
     lo, hi = series[0].bounds(since=0.0, until=12.0)      # indices into .ts/.vs
 
-Overhead: O(1) amortised per sample (list append, pruning in halves); a select
-binary-searches each series of one signal name for its window; ``expire``
+Overhead: O(1) amortised per sample (list append, pruning in halves); a
+window is two binary searches in one series; ``expire``
 walks every series once (the controller calls it every few seconds).
 """
 from __future__ import annotations
@@ -27,7 +25,6 @@ import bisect
 import math
 import re
 import threading
-from typing import Iterator
 
 
 def label_key(labels: dict) -> tuple:
@@ -92,9 +89,6 @@ class Series:
         hi = len(ts) if not ts or ts[-1] <= until else bisect.bisect_right(ts, until, lo)
         return lo, hi
 
-    def window(self, since: float, until: float | None) -> list[tuple[float, float]]:
-        lo, hi = self.bounds(since, math.inf if until is None else until)
-        return list(zip(self.ts[lo:hi], self.vs[lo:hi]))
 
 
 class SignalBus:
@@ -142,15 +136,3 @@ class SignalBus:
                     dropped += len(dead)
                     self._generation[name] = self._generation.get(name, 0) + 1
         return dropped
-
-    def select(self, name: str, matchers: dict | Matcher | None, since: float,
-               until: float | None = None) -> Iterator[tuple[dict, list[tuple[float, float]]]]:
-        """Yield (labels, points in (since, until]) for each series of ``name`` that matches."""
-        match = matchers if isinstance(matchers, Matcher) else Matcher(matchers)
-        out = []
-        for series in self.series(name):
-            if match(series.labels):
-                points = series.window(since, until)
-                if points:
-                    out.append((dict(series.labels), points))
-        yield from out

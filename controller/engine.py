@@ -128,6 +128,7 @@ class Controller:
         if housekeeping:
             self._housekept = now
             self.bus.expire(now)
+            self.metrics.bus_series.set(self.bus.series_count())
         for slot in self.slots:
             try:
                 if slot.targets.resolve_if_changed() or housekeeping:

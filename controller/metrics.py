@@ -46,6 +46,8 @@ class ControllerMetrics:
         self.rule_errors = Counter("reflexarc_rule_errors_total",
                                    "Unexpected errors in a rule's run, contained (the run went to failed)",
                                    ["policy", "rule"], registry=r)
+        self.bus_series = Gauge("reflexarc_bus_series", "Signal series held on the bus; silent ones are dropped",
+                                registry=r)
         self.targets = Gauge("reflexarc_rule_targets", "Rule-targets tracked (runs); retired ones drop out",
                              registry=r)
 

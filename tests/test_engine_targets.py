@@ -56,6 +56,7 @@ def test_runs_follow_live_targets_not_history():
     assert state_series(ctl, "rank=0") is None, "a retired target's state series is removed"
     assert state_series(ctl, "rank=59") == 1.0
     assert ctl.bus.series_count() <= 12          # dead series leave the bus after its retention
+    assert ctl.metrics.registry.get_sample_value("reflexarc_bus_series") <= 12
     assert ctl.metrics.registry.get_sample_value("reflexarc_rule_targets") == len(ctl.runs)
 
 
