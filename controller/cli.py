@@ -108,11 +108,14 @@ def _alert_receiver_warnings(policies, config, override: str | None) -> list[str
 def _journal(args, clock=None):
     from .journal import Journal, JournalLocked
     try:
-        return Journal(Path(args.state_dir) / "journal.jsonl", clock)
+        journal = Journal(Path(args.state_dir) / "journal.jsonl", clock)
     except JournalLocked as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
         raise CliError(f"cannot open the journal in {args.state_dir}: {exc.strerror or exc}") from None
+    for damage in journal.damaged:
+        print(f"warning: {journal.path}: {damage}: skipped", file=sys.stderr)
+    return journal
 
 
 # --- commands ------------------------------------------------------------------

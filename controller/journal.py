@@ -15,11 +15,15 @@ Example::
 
 Overhead: one small write + fsync per step (~0.1-2 ms on an SSD); nothing per tick.
 An exclusive flock on ``<journal>.lock`` stops two controllers sharing one journal.
+Damage never hides an open change: a torn last line is ended before the next
+step is appended, and a line that is not a usable step is skipped and listed in
+``damaged`` (``reflexarc journal`` and ``run`` say so).
 """
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import time
 import uuid
@@ -27,6 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 OPEN_STATES = ("intent", "applied")
+log = logging.getLogger("reflexarc.journal")
+
+
+def _is_change(value) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("actuator"), str) and isinstance(value.get("target"), dict)
 
 
 class JournalLocked(RuntimeError):
@@ -57,23 +66,45 @@ class Journal:
             raise JournalLocked(f"{self.path} is in use by another reflexarc process") from None
         self._fh = open(self.path, "a+", encoding="utf-8")
         self._entries: dict[str, Entry] = {}
+        self.damaged: list[str] = []     # "line N: why" for every line that was skipped
         self._load()
 
     # --- reading ---------------------------------------------------------
     def _load(self) -> None:
         self._fh.seek(0)
-        for line in self._fh:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line from a crash mid-write: the step never happened
-            self._fold(rec)
+        text = self._fh.read()
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            problem = self._fold_line(line)
+            if problem:
+                self.damaged.append(f"line {n}: {problem}")
+        if text and not text.endswith("\n"):
+            # a torn last write (a crash mid-line): end it, so the next step starts a line of its own
+            self._fh.write("\n")
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+
+    def _fold_line(self, line: str) -> str | None:
+        """Fold one line; what is wrong with it when it cannot be used."""
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            return "not JSON (a torn write?)"
+        if not (isinstance(rec, dict) and isinstance(rec.get("id"), str) and isinstance(rec.get("state"), str)):
+            return "not a journal step (no id and state)"
+        if rec["state"] == "intent" and not _is_change(rec.get("change")):
+            return f"intent {rec['id']} without a change"
+        if "change" in rec and not _is_change(rec["change"]):
+            return f"step of {rec['id']} with a malformed change"
+        self._fold(rec)
+        return None
 
     def _fold(self, rec: dict) -> None:
         jid = rec["id"]
-        if rec.get("state") == "intent":
-            self._entries[jid] = Entry(jid, "intent", rec["change"], rec.get("policy", ""),
-                                       rec.get("rule", ""), rec.get("on_restart", "revert"))
+        if rec["state"] == "intent":
+            self._entries[jid] = Entry(jid, "intent", rec["change"], str(rec.get("policy", "")),
+                                       str(rec.get("rule", "")), str(rec.get("on_restart", "revert")))
         entry = self._entries.get(jid)
         if entry is None:
             return
@@ -113,22 +144,32 @@ class Journal:
             rec["change"] = change
         self._write(rec)
 
-    def compact(self) -> None:
-        """Rewrite the file with only the open entries (atomic rename)."""
+    def compact(self) -> bool:
+        """Rewrite the file with only the open entries (atomic rename). A file that
+        cannot be replaced (immutable or append-only, a read-only directory) is
+        kept as it is: compaction only saves space. Returns whether it compacted."""
         tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as out:
-            for e in self.open_entries():
-                out.write(json.dumps({"id": e.id, "state": "intent", "change": e.change, "policy": e.policy,
-                                      "rule": e.rule, "on_restart": e.on_restart, "ts": 0}, sort_keys=True) + "\n")
-                if e.state != "intent":
-                    out.write(json.dumps({"id": e.id, "state": e.state, "ts": 0}) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as out:
+                for e in self.open_entries():
+                    out.write(json.dumps({"id": e.id, "state": "intent", "change": e.change, "policy": e.policy,
+                                          "rule": e.rule, "on_restart": e.on_restart, "ts": 0},
+                                         sort_keys=True) + "\n")
+                    if e.state != "intent":
+                        out.write(json.dumps({"id": e.id, "state": e.state, "ts": 0}) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("journal %s not compacted: %s", self.path, exc.strerror or exc)
+            tmp.unlink(missing_ok=True)
+            return False
         self._fh.close()
         self._fh = open(self.path, "a+", encoding="utf-8")
         self._entries = {}
+        self.damaged = []
         self._load()
+        return True
 
     def close(self) -> None:
         if not self._fh.closed:
