@@ -53,6 +53,28 @@ def _duration_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _interval_arg(text: str) -> float:
+    """An argparse type: a duration > 0 (a loop interval)."""
+    value = _duration_arg(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an interval: use a duration > 0, e.g. 1 or 500ms")
+    return value
+
+
+def _count_arg(text: str) -> int:
+    """An argparse type: a whole number >= 0."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number >= 0")
+    return int(text)
+
+
+def _port_arg(text: str) -> int:
+    """An argparse type: a TCP port 1-65535."""
+    if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a port (1-65535)")
+    return int(text)
+
+
 def _size_mb_arg(text: str) -> float:
     """An argparse type: a size in MB, finite and > 0."""
     try:
@@ -121,6 +143,8 @@ def _journal(args, clock=None):
 # --- commands ------------------------------------------------------------------
 def cmd_validate(args) -> int:
     from .policy.loader import validate_paths
+    if any(not path.strip() for path in args.paths):
+        raise CliError("an empty path: name policy files or directories")
     policies, diags = validate_paths(args.paths)
     for d in diags:
         print(d)
@@ -431,12 +455,13 @@ def build_parser() -> Parser:
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--policy", action="append", default=[])
         s.add_argument("--job", default="", help="job label attached to probe signals")
-        s.add_argument("--interval", type=float, default=1.0)
+        s.add_argument("--interval", type=_interval_arg, default=1.0, metavar="DURATION",
+                       help="seconds between collections (default %(default)s)")
         if name == "run":
             s.add_argument("--mode", choices=MODES + ("policy",), default="dry-run",
                            help="overrides every policy's mode (default %(default)s: nothing is changed "
                                 "unless asked); 'policy' honours each file's own mode")
-            s.add_argument("--duration", type=float, help="stop after this many seconds")
+            s.add_argument("--duration", type=_duration_arg, metavar="DURATION", help="stop after this long")
             s.add_argument("--replay", help="also replay signals from a JSONL file")
             s.add_argument("--no-probes", action="store_true", help="do not load the bcc probes")
             s.add_argument("--audit", help="audit log path (default STATE_DIR/audit.jsonl)")
@@ -448,14 +473,16 @@ def build_parser() -> Parser:
             s.add_argument("--target-grace", type=_duration_arg, default=60.0, metavar="DURATION",
                            help="retire a rule's target this long after its series stopped, beyond the "
                                 "rule's longest window, once it holds nothing (default %(default)s)")
-            s.add_argument("--metrics-port", type=int)
+            s.add_argument("--metrics-port", type=_port_arg, help="serve Prometheus metrics on 127.0.0.1:PORT")
             s.add_argument("--kill-switch", default="/run/reflexarc/disable")
-            s.add_argument("--max-active", type=int, default=4)
-            s.add_argument("--actions-per-hour", type=int, default=20)
+            s.add_argument("--max-active", type=_count_arg, default=4,
+                           help="at most this many active remediations on the node (default %(default)s)")
+            s.add_argument("--actions-per-hour", type=_count_arg, default=20,
+                           help="at most this many changes an hour on the node (default %(default)s)")
         if name == "probes":
             s.add_argument("--dump-bpf", action="store_true", help="print the final C of each probe")
         if name == "top":
-            s.add_argument("--count", type=int, help="refresh this many times, then exit")
+            s.add_argument("--count", type=_count_arg, help="refresh this many times, then exit")
         s.set_defaults(fn=fn)
 
     s = sub.add_parser("act", help="apply one actuator by hand", epilog=actuators_help(),

@@ -4,6 +4,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 
 BAD = """\
@@ -152,3 +154,21 @@ def test_act_help_lists_every_actuator_and_its_parameters():
         for p in spec.params:
             assert f"{p.name}={p.type} (" in listing, (spec.name, p.name)
     assert "dscp=dscp (required)" in listing
+
+
+@pytest.mark.parametrize("args,word", [
+    (("run", "--no-probes", "--metrics-port", "99999"), "--metrics-port"),
+    (("run", "--no-probes", "--interval", "0"), "--interval"),
+    (("run", "--no-probes", "--duration", "nan"), "--duration"),
+    (("run", "--no-probes", "--max-active", "-1"), "--max-active"),
+    (("run", "--no-probes", "--actions-per-hour", "1.5"), "--actions-per-hour"),
+    (("top", "--interval", "nan"), "--interval"),
+    (("top", "--interval", "-1"), "--interval"),
+    (("top", "--count", "x"), "--count"),
+    (("validate", ""), "empty path"),
+])
+def test_bad_numbers_and_paths_get_one_error_line(args, word):
+    r = rx(*args)
+    assert r.returncode in (1, 2), (args, r.returncode, r.stderr)
+    [line] = r.stderr.splitlines()
+    assert line.startswith("error: ") and word in line, line
