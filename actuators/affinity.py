@@ -245,8 +245,9 @@ class AffinityActuator(Actuator):
         return True
 
     def apply(self, change: Change) -> None:
-        """Pin the recorded threads; refuses a change whose training process is
-        gone or whose pid now names another process."""
+        """Pin the recorded threads and any its processes started since the plan;
+        refuses a change whose training process is gone or whose pid now names
+        another process."""
         if not self._following(change):
             trainer = change.after["trainer"]
             raise PermanentActuatorError(f"training process {trainer['pid']} ({trainer['comm']}) is no longer "
@@ -254,6 +255,13 @@ class AffinityActuator(Actuator):
         for proc in change.after["processes"]:
             for thread in proc["threads"]:
                 self._set(proc, thread, thread["cpus"])
+            # Threads the worker started since the plan get the mask too; revert
+            # gives them the process's original (they carry the pinned mask).
+            known = {t["tid"] for t in proc["threads"]}
+            for tid in self.procfs.threads(proc["pid"]):
+                thread = None if tid in known else self._thread(proc["pid"], tid)
+                if thread is not None:
+                    self._set(proc, thread, change.after["cpus"])
 
     def revert(self, change: Change) -> None:
         """Every thread gets its own original mask back; exited and reused ids are

@@ -228,6 +228,19 @@ def test_pins_every_thread_and_reverts_each_own_mask(act, job):
         assert {tid: allowed(w["pid"], tid) for tid in w["threads"]} == w["masks"]
 
 
+def test_a_thread_started_between_plan_and_apply_is_pinned_and_reverted(act, job):
+    """A DataLoader worker may start a thread after the plan was read: apply pins
+    it too, and revert gives it the process's original mask."""
+    w = job.spawn({0, 1})
+    change = act.plan(job.target(), {"node": 1})
+    late = job.new_thread(w["pid"])
+    assert late not in w["threads"] and allowed(w["pid"], late) == "0-1"
+    act.apply(change)
+    assert {allowed(w["pid"], tid) for tid in all_threads(w["pid"])} == {"1"}
+    act.revert(journal_roundtrip(change))
+    assert {allowed(w["pid"], tid) for tid in all_threads(w["pid"])} == {"0-1"}
+
+
 def test_single_worker_from_pid_label(act, job):
     one, other = job.spawn({0, 1}, {0, 1}), job.spawn({0, 1}, {0, 1})
     target = Target(labels={"pid": str(one["threads"][1])}, selector={"pids": [job.pid]})
