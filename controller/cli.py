@@ -104,6 +104,21 @@ def _load_policies(paths):
         raise CliError(f"{len([d for d in exc.diagnostics if d.is_error])} error(s) in policy files") from None
 
 
+def _refuse_untrusted(policies, override: str | None) -> None:
+    """Policies that will enforce must come from files no other user can write."""
+    from .policy.trust import untrusted
+    problems = []
+    for p in policies:
+        if (override or p.mode) == "enforce" and p.loc is not None:
+            reason = untrusted(p.loc.file)
+            if reason:
+                problems.append(f"{p.loc.file}: policy {p.name} would enforce, but the file is {reason}")
+    for problem in problems[:-1]:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        raise CliError(problems[-1])
+
+
 def _actuator_config(args):
     from reflexarc.actuators.registry import ActuatorConfig
     return ActuatorConfig(proc_root=args.proc_root, sys_root=args.sys_root, state_dir=args.state_dir,
@@ -222,6 +237,8 @@ def cmd_run(args) -> int:
     from .live import run_live
     from .sources import HookSource, ProbeSource, ReplaySource, SourceError
     policies = _load_policies(args.policy)
+    override = None if args.mode == "policy" else args.mode
+    _refuse_untrusted(policies, override)
     clock = WallClock()
     sources = []
     config = _actuator_config(args)
@@ -246,7 +263,6 @@ def cmd_run(args) -> int:
         sources.append(ProbeSource(manager, hook_dir=str(hook_dir) if hook_dir.is_dir() else None))
     journal = _journal(args, clock)
     audit_path = Path(args.audit or Path(args.state_dir) / "audit.jsonl")
-    override = None if args.mode == "policy" else args.mode
     for warning in _alert_receiver_warnings(policies, config, override):
         print(f"warning: {warning}", file=sys.stderr)
     ctl = Controller(policies, SignalBus(), build_registry(config), clock, mode_override=override,

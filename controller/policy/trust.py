@@ -1,0 +1,44 @@
+"""Whether a policy file may drive enforcement: only files no other local user
+can write, or could have replaced.
+
+A root controller that enforces a policy does what the file says, so the file
+must be as trusted as the controller: owned by root or by the user running the
+controller, not writable by group or others, and every directory above it
+likewise (a directory others may write could swap the file), except sticky
+directories such as /tmp, where others cannot replace a file they do not own.
+
+Example::
+
+    reason = untrusted("/etc/reflexarc/policies/numa.yaml")
+    if reason: refuse(f"{path}: {reason}")
+
+Overhead: one ``stat`` per path component, once per file at start.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+
+def _owner_ok(st: os.stat_result, euid: int) -> bool:
+    return st.st_uid in (0, euid)
+
+
+def untrusted(path: str | Path, euid: int | None = None) -> str | None:
+    """Why ``path`` must not drive enforcement, or None when it may."""
+    euid = os.geteuid() if euid is None else euid
+    path = Path(os.path.abspath(path))
+    st = os.stat(path)
+    if not _owner_ok(st, euid):
+        return f"owned by uid {st.st_uid}, not by root or the controller's user"
+    if st.st_mode & 0o022:
+        who = {0o022: "group and others", 0o002: "others", 0o020: "its group"}[st.st_mode & 0o022]
+        return f"writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
+    for parent in path.parents:
+        pst = os.stat(parent)
+        if not _owner_ok(pst, euid):
+            return f"directory {parent} is owned by uid {pst.st_uid}, not by root or the controller's user"
+        if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
+            return f"directory {parent} is writable by others (mode {stat.S_IMODE(pst.st_mode):04o})"
+    return None
