@@ -75,11 +75,13 @@ class TransitionTimer:
         Machine._process = self._orig
 
 
-def build(rules: int, audit: AuditLog | None = None):
+def build(rules: int, audit_path: Path | None = None):
+    """The controller on simulated time; with ``audit_path``, auditing as live runs do."""
     clock = SimClock()
     bus = SignalBus()
-    ctl = Controller(policies(rules), bus, registry(), clock, audit=audit or AuditLog(None, clock),
-                     real_sleep=False)
+    audit = (AuditLog(audit_path, clock, evals="sampled", sample_every=AUDIT_SAMPLE) if audit_path
+             else AuditLog(None, clock))
+    ctl = Controller(policies(rules), bus, registry(), clock, audit=audit, real_sleep=False)
     ctl.start("bench")
     return clock, bus, ctl
 
@@ -109,22 +111,18 @@ def throughput(rules: int, ticks: int, busy: bool) -> dict:
 def audit_volume(rules: int, seconds: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "audit.jsonl"
-        clock = SimClock()
-        audit = AuditLog(path, clock, evals="sampled", sample_every=AUDIT_SAMPLE)
-        clock, bus, ctl = build(rules, audit)
+        clock, bus, ctl = build(rules, path)
         for t in range(WARMUP):
             clock.set(float(t))
             feed(bus, t, False)
             ctl.tick()
-        audit._fh.flush()
         before = path.stat().st_size
         for t in range(WARMUP, WARMUP + seconds):
             clock.set(float(t))
             feed(bus, t, False)
             ctl.tick()
-        audit._fh.flush()
         written = path.stat().st_size - before
-        audit.close()
+        ctl.audit.close()
     return {"rules": rules, "targets": TARGETS, "rule_targets": rules * TARGETS, "simulated_s": seconds,
             "sample_every_s": AUDIT_SAMPLE, "bytes": written,
             "bytes_per_hour": round(written * 3600 / seconds)}

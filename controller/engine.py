@@ -39,6 +39,7 @@ from reflexarc.core.outcomes import TAKEN, Outcome
 
 from .audit import AuditLog
 from .bus import SignalBus
+from .evaluate import conditions_of
 from .executor import Executor, StepResult
 from .journal import Journal
 from .lifecycle import ActiveChange, RuleRun, Tally
@@ -61,8 +62,8 @@ def describe_policies(policies: list[Policy]) -> list[dict]:
             rb_text = "never" if rb.never else f"on {sorted(rb.on)}" + (f", ttl {rb.ttl:g}s" if rb.ttl else "")
             verify = None
             if r.verify:
-                conds = r.verify.when.conditions() if hasattr(r.verify.when, "conditions") else [r.verify.when]
-                verify = ", ".join(c.describe() for c in conds) + f" within {r.verify.timeout:g}s"
+                verify = (", ".join(c.describe() for c in conditions_of(r.verify.when))
+                          + f" within {r.verify.timeout:g}s")
             rules.append({"name": r.name, "conditions": [c.describe() for c in r.conditions()],
                           "actions": [a.actuator for a in r.actions], "verify": verify, "rollback": rb_text})
         out.append({"name": p.name, "mode": p.mode, "file": p.loc.file if p.loc else None, "rules": rules})

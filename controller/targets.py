@@ -39,12 +39,11 @@ class RuleTargets:
         self.conditions = self.when + conditions_of(rule.verify.when if rule.verify else None)
         self.index = {id(c): i for i, c in enumerate(self.conditions)}
         self._matchers = [Matcher({**policy.selector.match, **c.match}) for c in self.conditions]
-        self._counter = [CATALOGUE[c.signal].kind == "counter" if c.signal in CATALOGUE else False
-                         for c in self.conditions]
+        self._counter = [getattr(CATALOGUE.get(c.signal), "kind", "") == "counter" for c in self.conditions]
         self.signals = tuple(sorted({c.signal for c in self.conditions}))
         self._generations: tuple | None = None
         self.empty = self._inputs()     # what a target whose series were dropped reads: no data
-        self.groups: dict[tuple, list[Input]] = {} if self.by else {(): self._inputs()}
+        self.groups: dict[tuple, list[Input]] = {}      # filled by resolve_if_changed
 
     def _inputs(self) -> list[Input]:
         return [Input(c, [], counter) for c, counter in zip(self.conditions, self._counter)]
