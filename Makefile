@@ -1,12 +1,14 @@
 # reflexarc: two commands do everything on a fresh Debian 12 machine as root.
-#   make demo   runs the headline scenario on the built-in policies
-#   make test   passes the tests (unit, simulations, real kernel)
+#   make demo   a real remediation on the testbed: a two-rank PyTorch job, a bulk
+#               upload congesting its link, the controller demoting it (fault a)
+#   make test   passes the tests (unit, simulations, real kernel, testbed)
+#   make demo-sim  the simulated scenario (no kernel needed)
 PY := .venv/bin/python
 RX := .venv/bin/reflexarc
 DEMO_SCENARIO ?= rdma-qp-slow
 DEMO_MODE ?= enforce
 
-.PHONY: setup test demo validate policy-tests bench schema clean
+.PHONY: setup test demo demo-sim validate policy-tests bench schema clean
 
 setup:
 	@scripts/bootstrap
@@ -15,7 +17,10 @@ test: setup
 	$(PY) -m pytest -q -p no:cacheprovider
 
 demo: setup
-	$(RX) simulate $(DEMO_SCENARIO) --mode $(DEMO_MODE) --out out/demo
+	$(PY) -m reflexarc.simulations.testbed loop --faults a --out out/demo --results out/demo/closed_loop.json
+
+demo-sim: setup
+	$(RX) simulate $(DEMO_SCENARIO) --mode $(DEMO_MODE) --out out/demo-sim
 
 validate: setup
 	$(RX) validate policies/
@@ -30,6 +35,7 @@ bench: setup
 	$(PY) bench/engine.py
 	$(PY) bench/churn.py
 	$(PY) bench/probe_overhead.py
+	$(PY) -m reflexarc.simulations.testbed loop --out out/closed-loop --results bench/results/closed_loop.json
 
 clean:
 	rm -rf out/ .pytest_cache

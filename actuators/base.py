@@ -126,6 +126,11 @@ class Actuator:
         the caller journals, or None when nothing is new."""
         return None
 
+    def prepare(self) -> None:
+        """Do ahead of the first incident what would otherwise delay the first
+        action (compile a program): called at controller start for the actuators
+        that enforcing policies use. Changes nothing on the system."""
+
     def exists(self, change: Change) -> bool:
         """Whether what ``change`` was made for still exists (a process that exited,
         an interface that went away: no). A change whose target is gone is closed

@@ -20,12 +20,20 @@ When rules overlap, the most recently planned one wins; reverting it uncovers
 the older one again.
 
 Parameters (``specs.py``): ``dscp`` (name such as AF41/EF/LE/CS1 or 0-63),
-``interfaces`` (default: the selector's), ``ports`` (default: the selector's),
-``protocol`` (tcp/udp/any), ``priority`` (also set ``skb->priority``),
+``interfaces`` (default: the selector's), ``netns`` (the network namespace of
+the interfaces: a name in /run/netns or /proc/PID/ns/net; default: the
+selector's ``netns``, else the controller's own), ``ports`` (default: the
+selector's), ``protocol`` (tcp/udp/any), ``addresses`` (IPv4/IPv6 prefixes),
 ``match_cgroup`` (the selector's ``cgroup`` path, absolute or relative to the
-cgroup2 mount). Also read, to be added to the spec: ``addresses`` (prefixes)
-and ``netns`` (a name in /run/netns or a path such as /proc/PID/ns/net; also
-taken from the selector), for interfaces inside another network namespace.
+cgroup2 mount) and ``class``.
+
+The DSCP is for the fabric: switches queue by it. The host's own qdisc does not
+read it (HTB picks a class by ``skb->priority`` or a filter), so ``class``
+names a class of each interface's root qdisc as tc prints it (``"1:30"``) and
+the rule also sets ``skb->priority`` to major<<16|minor (0x10030). Plan checks
+that the class is there, as a leaf, on every interface, and otherwise fails
+naming the classes that are (``eth0 in netns r0 has no class 1:30 (classes:
+1:10, 1:20)``). docs/dscp.md says what a switch and the host's qdisc need.
 
 Ownership: the filter has a fixed priority/handle (``FILTER_PRIO`` 3420, ahead
 of tc's automatic 49152) and name; only that filter is ever replaced or
@@ -34,25 +42,38 @@ rules, then the filter once no rule on that interface remains, then the clsact
 qdisc only if reflexarc created it (recorded in the Change and in the pinned
 ``ifaces`` map) and no other filter hangs on it. When no rule and no interface
 remains, the pins are removed too. Concurrent processes serialise on
-``<state_dir>/dscp.lock``.
+``<state_dir>/dscp.lock``. Revert reads only the change's owner, namespace and
+before/after states, so changes journaled while ``class`` was a numeric
+``priority`` parameter still revert.
+
+A change no longer ``exists`` once its network namespace is gone (no such
+name, or a namespace by that name with another netns cookie than at plan time:
+a re-created one) or every interface it marks is. The controller then closes it
+as target-gone instead of reverting it, so ``exists`` also drops the change's
+rules, and the interface entries nothing uses any more, from the pinned maps.
 
 Example::
 
     act = DscpActuator(state_dir="/var/lib/reflexarc")
-    change = act.plan(Target({"job": "llama"}, {"interfaces": ["eth0"]}),
-                      {"dscp": "AF41", "ports": ["29500-29510"], "protocol": "tcp"})
+    change = act.plan(Target({"job": "llama"}, {"interfaces": ["eth0"], "netns": "r0"}),
+                      {"dscp": "CS1", "ports": ["443"], "protocol": "tcp", "class": "1:30"})
+    # change.summary == "dscp CS1 (8) on r0:eth0 for tcp ports 443-443, qdisc class 1:30 [job=llama]"
     # change.before == {"eth0": {"clsact": False, "filter": False, "rules": []}}
     act.apply(change)
+    act.exists(change)                               # False once r0 or its eth0 is gone
     act.revert(Change.from_dict(change.to_dict()))   # also from a restarted process
 
 Only traffic through the kernel stack passes tc: RDMA verbs traffic bypasses it
 (set its traffic class in the RDMA stack instead).
 
 Overhead: one LLVM compile per process, and only when nothing is pinned yet
-(~2 s, ~130 MB peak RSS); apply/revert then cost a few netlink round trips
-(~40 ms with a namespace switch) and map updates (~µs). Per packet, measured
-with BPF_PROG_TEST_RUN: ~0.08 µs on an interface without rules, ~0.2 µs with
-1-8 rules, ~0.5 µs with 64 used slots (~6 ns per slot); a GSO skb is one run.
+(~2 s, ~130 MB peak RSS); plan/apply/revert then cost a few netlink round trips
+(~40 ms with a namespace switch) and map updates (~µs). ``exists``, asked every
+tick while a change is active, opens one netlink socket and looks up each
+interface: ~0.5 ms in the controller's own namespace, ~7 ms in another (the
+namespace switch). Per packet, measured with BPF_PROG_TEST_RUN: ~0.08 µs on an
+interface without rules, ~0.2 µs with 1-8 rules, ~0.5 µs with 64 used slots
+(~6 ns per slot); a GSO skb is one run; setting ``skb->priority`` adds a store.
 """
 from __future__ import annotations
 
@@ -74,7 +95,7 @@ from reflexarc.core.params import ParamError, convert
 from reflexarc.core.ports import port_ranges
 
 from .base import Actuator, Change, PermanentActuatorError, Target, TemporaryActuatorError
-from .specs import SPECS
+from .specs import SPECS, VALUE_CHECKS, class_priority, netns_ref
 
 SOURCE = Path(__file__).with_name("dscp.bpf.c")
 DEFAULT_PIN_DIR = "/sys/fs/bpf/reflexarc/dscp"
@@ -82,6 +103,7 @@ FILTER_PRIO = 3420          # tc priority ("pref") of our egress filter, fixed a
 FILTER_HANDLE = 0xD5C
 FILTER_NAME = "dscp_egress"
 TC_EGRESS, TC_INGRESS = 0xFFFFFFF3, 0xFFFFFFF2
+TC_H_ROOT = 0xFFFFFFFF      # parent of an interface's root qdisc
 IFACE_CLSACT_CREATED = 1
 SO_NETNS_COOKIE = 71
 
@@ -294,6 +316,29 @@ class _Link:
                                          "DSCP marking supports Ethernet, loopback and L3 tunnels")
         return L3_OFFSETS[kind]
 
+    def check_class(self, index: int, name: str, cls: str) -> None:
+        """PermanentActuatorError unless ``cls`` is a leaf class of the root qdisc of ``index``."""
+        try:
+            roots = [q for q in self.ipr.get_qdiscs(index=index) if q["index"] == index and q["parent"] == TC_H_ROOT]
+            found = [c for c in self.ipr.get_classes(index=index) if c["index"] == index]
+        except Exception as exc:
+            raise _netlink_error(f"cannot list the qdiscs and classes of {name}{self.where()}", exc) from exc
+        if not roots:
+            raise PermanentActuatorError(f"{name}{self.where()} has no root qdisc, so no class {cls}")
+        kind, major = roots[0].get_attr("TCA_KIND"), roots[0]["handle"] >> 16
+        parents = {c["handle"]: c["parent"] for c in found if c["handle"] >> 16 == major}
+        if not parents:
+            raise PermanentActuatorError(f"{name}{self.where()} has qdisc {kind}, which has no classes")
+        handle = class_priority(cls)
+        if handle not in parents:
+            raise PermanentActuatorError(f"{name}{self.where()} has no class {cls} "
+                                         f"(classes: {', '.join(map(_class_text, sorted(parents)))})")
+        children = sorted(h for h, parent in parents.items() if parent == handle)
+        if children:
+            raise PermanentActuatorError(
+                f"class {cls} of {name}{self.where()} has classes under it "
+                f"({', '.join(map(_class_text, children))}); {kind} queues packets only in leaf classes")
+
     def has_clsact(self, index: int) -> bool:
         return any(q["index"] == index and q.get_attr("TCA_KIND") == "clsact"
                    for q in self.ipr.get_qdiscs(index=index))
@@ -345,6 +390,11 @@ class _Link:
 
 # --- rules <-> JSON ------------------------------------------------------------------
 
+def _class_text(handle: int) -> str:
+    """A class handle (or skb->priority) as tc prints it: ``0x10030`` -> ``"1:30"``."""
+    return f"{handle >> 16:x}:{handle & 0xFFFF:x}"
+
+
 def _rule_key(rule: dict) -> tuple:
     return (rule["protocol"], tuple(rule["ports"] or ()), rule["address"], rule["cgroup_id"])
 
@@ -360,7 +410,7 @@ def _rule_json(r: _Rule) -> dict:
             "protocol": next(k for k, v in PROTOCOLS.items() if v == r.l4proto),
             "ports": [r.port_lo, r.port_hi] if r.flags & RULE_MATCH_PORTS else None,
             "address": address, "cgroup_id": r.cgroup_id or None,
-            "priority": r.priority if r.flags & RULE_SET_PRIORITY else None}
+            "class": _class_text(r.priority) if r.flags & RULE_SET_PRIORITY else None}
 
 
 def _words(raw: bytes) -> list[int]:
@@ -382,8 +432,8 @@ def _rule_struct(rule: dict, netns: int, ifindex: int) -> _Rule:
         for i, w in enumerate(_words(net.netmask.packed)):
             r.mask[i] = w
         r.flags |= RULE_MATCH_ADDR
-    if rule["priority"] is not None:
-        r.priority = rule["priority"]
+    if rule["class"] is not None:
+        r.priority = class_priority(rule["class"])
         r.flags |= RULE_SET_PRIORITY
     return r
 
@@ -422,6 +472,26 @@ class DscpActuator(Actuator):
         """The C as the compiler sees it: the cflags, then the source."""
         flags = "\n".join(f"// cflag: {f}" for f in self.cflags())
         return f"// actuator: dscp (loader actuators/dscp.py)\n{flags}\n{SOURCE.read_text()}"
+
+    def prepare(self) -> None:
+        """Compile the classifier now (~1 s of LLVM) rather than during the first
+        retag. Compiling pins the maps; unless changes already use them, the pins
+        are removed again at once, and the first apply re-pins this module."""
+        if self._bpf is not None or self._open_pins_quietly():
+            return
+        with self._locked():
+            pinned = self._load()
+            try:
+                if pinned.created:
+                    self._unpin_if_idle(pinned)
+            finally:
+                pinned.close()
+
+    def _open_pins_quietly(self) -> bool:
+        pinned = self._open_pins()
+        if pinned is not None:
+            pinned.close()
+        return pinned is not None
 
     def _open_pins(self) -> _Pinned | None:
         fds = {name: _obj_get(self.pin_dir / name) for name in ("prog", "rules", "ifaces", "meta")}
@@ -531,32 +601,29 @@ class DscpActuator(Actuator):
     def _normalize(self, target: Target, params: dict) -> dict:
         sel = target.selector
         params = self.checked(params)
+        for (actuator, name), check in VALUE_CHECKS.items():
+            if actuator == self.name and params.get(name):
+                try:
+                    params[name] = check(params[name])
+                except ValueError as exc:
+                    raise PermanentActuatorError(f"parameter '{name}' of '{self.name}': {exc}") from None
         try:
             interfaces = params.get("interfaces") or convert(self.spec.param("interfaces"), sel.get("interfaces"))
             ports = params.get("ports") or port_ranges(sel.get("ports"))
+            netns = params.get("netns") or (netns_ref(sel["netns"]) if sel.get("netns") else "")
         except (ParamError, ValueError) as exc:
             raise PermanentActuatorError(f"selector: {exc}") from None
         if not interfaces:
             raise PermanentActuatorError("dscp needs interfaces (params.interfaces or the selector's)")
-        protocol = params.get("protocol") or "tcp"
-        try:
-            addresses = [str(ipaddress.ip_network(a, strict=False)) for a in params.get("addresses") or ()]
-        except ValueError as exc:
-            raise PermanentActuatorError(f"bad address: {exc}") from None
-        priority = params.get("priority")
-        if priority is not None and not 0 <= priority < 2 ** 32:
-            raise PermanentActuatorError(f"bad priority {priority!r}: an integer 0..2^32-1")
         cgroup_id = None
         if params.get("match_cgroup"):
             if not sel.get("cgroup"):
                 raise PermanentActuatorError("match_cgroup needs the selector's cgroup")
             cgroup_id = _cgroup_id(str(sel["cgroup"]))
-        return {"dscp": params["dscp"],
-                "interfaces": interfaces, "netns": str(params.get("netns") or sel.get("netns") or ""),
-                "protocol": protocol,
-                "ports": [list(r) for r in ports],
-                "addresses": addresses, "priority": priority, "match_cgroup": cgroup_id is not None,
-                "cgroup_id": cgroup_id}
+        return {"dscp": params["dscp"], "interfaces": interfaces, "netns": netns,
+                "protocol": params.get("protocol") or "tcp", "ports": [list(r) for r in ports],
+                "addresses": params.get("addresses") or [], "class": params.get("class"),
+                "match_cgroup": cgroup_id is not None, "cgroup_id": cgroup_id}
 
     def plan(self, target: Target, params: dict) -> Change:
         p = self._normalize(target, params)
@@ -565,13 +632,16 @@ class DscpActuator(Actuator):
         try:
             with self._link(p["netns"]) as link:
                 before = self._state(link, pinned, p["interfaces"])
+                if p["class"]:
+                    for name in p["interfaces"]:
+                        link.check_class(link.ifindex(name), name, p["class"])
                 p["netns_cookie"] = link.cookie()
             used = len(pinned.slots()) if pinned else 0
         finally:
             if pinned:
                 pinned.close()
         wanted = [{"owner": p["owner"], "seq": p["seq"], "dscp": p["dscp"], "protocol": p["protocol"],
-                   "ports": ports, "address": address, "cgroup_id": p["cgroup_id"], "priority": p["priority"]}
+                   "ports": ports, "address": address, "cgroup_id": p["cgroup_id"], "class": p["class"]}
                   for ports in p["ports"] or [None] for address in p["addresses"] or [None]]
         after, added = {}, 0
         for name, state in before.items():
@@ -588,7 +658,9 @@ class DscpActuator(Actuator):
         what = " ".join(filter(None, (
             p["protocol"], "ports " + ",".join(f"{lo}-{hi}" for lo, hi in p["ports"]) if p["ports"] else "",
             ",".join(p["addresses"]), f"cgroup {p['cgroup_id']}" if p["cgroup_id"] else "")))
-        summary = f"dscp {name} ({p['dscp']}) for {what} on {','.join(p['interfaces'])} [{target.key()}]"
+        where = ",".join(f"{p['netns']}:{i}" if p["netns"] else i for i in p["interfaces"])
+        queue = f", qdisc class {p['class']}" if p["class"] else ""
+        summary = f"dscp {name} ({p['dscp']}) on {where} for {what}{queue} [{target.key()}]"
         return Change("dscp", target, p, before, after, summary if added else f"{summary}: already in effect")
 
     @staticmethod
@@ -597,7 +669,7 @@ class DscpActuator(Actuator):
         same = [r for r in state["rules"] if _rule_key(r) == _rule_key(wanted)]
         newest = max(same, key=lambda r: r["seq"], default=None)
         return bool(state["filter"] and newest and newest["dscp"] == wanted["dscp"]
-                    and newest["priority"] == wanted["priority"])
+                    and newest["class"] == wanted["class"])
 
     # --- writing ------------------------------------------------------------------
     def apply(self, change: Change) -> None:
@@ -610,6 +682,9 @@ class DscpActuator(Actuator):
             try:
                 with self._link(p["netns"]) as link:
                     cookie = link.cookie()
+                    if cookie != p["netns_cookie"]:
+                        raise PermanentActuatorError(f"network namespace '{p['netns']}' was re-created "
+                                                     "since the change was planned")
                     mine = {(r.ifindex, r.netns, str(_rule_key(_rule_json(r))))
                             for _, r in pinned.slots() if r.owner == owner}
                     for name, state in change.after.items():
@@ -643,16 +718,14 @@ class DscpActuator(Actuator):
         with self._locked():
             pinned = self._open_pins()
             try:
-                if pinned:
-                    pinned.drop_owner(int(p["owner"], 16))
-                try:
-                    link = _Link(p["netns"])
-                except _NetnsGone:      # its interfaces, filters and qdiscs went with it
+                link = self._namespace(p)
+                if link is None:        # its interfaces, filters and qdiscs went with it
                     if pinned:
-                        self._forget(pinned, p["netns_cookie"], keep=set())
-                        self._unpin_if_idle(pinned)
+                        self._release(pinned, p, keep=set())
                     return
                 try:
+                    if pinned:
+                        pinned.drop_owner(int(p["owner"], 16))
                     self._detach_all(link, pinned, change)
                 finally:
                     link.close()
@@ -661,6 +734,50 @@ class DscpActuator(Actuator):
             finally:
                 if pinned:
                     pinned.close()
+
+    def exists(self, change: Change) -> bool:
+        """False when the change's network namespace is gone, or all of its
+        interfaces are; the change's rules then leave the pinned maps, since the
+        controller closes it as target-gone instead of reverting it."""
+        p = change.params
+        link = self._namespace(p)
+        keep: set[int] = set()
+        if link is not None:
+            try:
+                if any(link.ifindex(name) is not None for name in change.before):
+                    return True
+                keep = link.indexes()
+            finally:
+                link.close()
+        owner = int(p["owner"], 16)
+        with self._locked():
+            pinned = self._open_pins()
+            if pinned:
+                try:
+                    if any(r.owner == owner for _, r in pinned.slots()):   # applied, not only planned
+                        self._release(pinned, p, keep)
+                finally:
+                    pinned.close()
+        return False
+
+    def _namespace(self, p: dict) -> _Link | None:
+        """The change's network namespace, or None when it is gone: no such name or
+        path, or a namespace by that name that is not the one planned in."""
+        try:
+            link = _Link(p["netns"])
+        except _NetnsGone:
+            return None
+        if link.cookie() != p["netns_cookie"]:
+            link.close()
+            return None
+        return link
+
+    def _release(self, pinned: _Pinned, p: dict, keep: set) -> None:
+        """Drop the rules of change ``p`` and the entries of its namespace's
+        interfaces that are gone (not in ``keep``), then the pins if nothing is left."""
+        pinned.drop_owner(int(p["owner"], 16))
+        self._forget(pinned, p["netns_cookie"], keep)
+        self._unpin_if_idle(pinned)
 
     def _detach_all(self, link: _Link, pinned: _Pinned | None, change: Change) -> None:
         cookie = link.cookie()

@@ -61,6 +61,7 @@ from typing import Any, Callable, Iterable
 from reflexarc.core.signals import SignalSpec
 
 DEFAULT_HOOK_DIR = "/run/reflexarc/hooks"
+STALLED_STEP_MS = 1000.0     # a step running this long (and twice the last) reports its time so far
 # The step signals a script may report; the controller's signal catalogue takes them from here.
 SIGNALS = (
     SignalSpec("step_time_ms", "ms", ("node", "job", "rank"), "gauge", "Training step time"),
@@ -365,12 +366,18 @@ class Hooks:
 
     def _signals_reply(self) -> dict:
         """Each signal's mean over the steps since the previous read (its last value
-        when no step ran since), with the time of its latest report."""
+        when no step ran since), with the time of its latest report. A step still
+        running for longer than the last one took reports ``step_time_ms`` as its
+        time so far, a lower bound, so a stalled step shows before it ends."""
+        now = time.time()
         with self._lock:
             signals = {}
             for name, acc in self._signals.items():
                 mean = acc["sum"] / acc["count"] if acc["count"] else acc["last"]
                 signals[name] = {"value": mean, "ts": acc["ts"], "steps": acc["count"]}
+                running_ms = (now - acc["ts"]) * 1000.0
+                if name == "step_time_ms" and running_ms > max(2 * acc["last"], STALLED_STEP_MS):
+                    signals[name] = {"value": running_ms, "ts": now, "steps": 0, "running": True}
                 acc.update(sum=0.0, count=0)
             return {"ok": True, "job": self.job, "rank": self.rank, "pid": self.pid, "iteration": self._iteration,
                     "queued": len(self._queue), "signals": signals}

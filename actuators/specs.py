@@ -4,17 +4,76 @@ Validation and the JSON Schema read these specs, so checking a policy never load
 an implementation (no bcc, no netlink). Implementations and simulated stand-ins
 register against the same specs.
 
+Some values need a check finer than their parameter type (a tc class id, IP
+prefixes, a network namespace): ``VALUE_CHECKS`` names the function that turns
+such a value into its canonical form, for the loader and the actuator alike.
+A parameter that was replaced is listed in ``REPLACED_PARAMS``, so a policy
+still naming it is told what to write instead.
+
 Example::
 
     SPECS["affinity"].param("node")   # ParamSpec(name="node", type="int", ...)
+    tc_class("1:0A")                  # "1:a", as tc prints it
+    class_priority("1:30")            # 0x10030, the skb->priority HTB maps to class 1:30
+    netns_ref("/proc/4242/ns/net")    # "/proc/4242/ns/net"
+    netns_ref("a/b")                  # ValueError: ... a name in /run/netns or /proc/PID/ns/net
 
 Parameter types and their conversion: ``reflexarc.core.params``.
 
-Overhead: constants only.
+Overhead: constants, and a regular expression or an ``ipaddress`` parse per checked value.
 """
 from __future__ import annotations
 
+import ipaddress
+import re
+from typing import Callable
+
 from .base import ActuatorSpec, ParamSpec as P
+
+_TC_CLASS = re.compile(r"([0-9a-f]{1,4}):([0-9a-f]{1,4})")
+NETNS_PATTERN = r"^(/proc/[1-9][0-9]*/ns/net|(?!\.\.?$)[^/\s]+)$"
+NAME_MAX = 255
+
+
+def tc_class(value) -> str:
+    """A tc class id as tc prints it: major and minor in hex (``"1:30"``), lower
+    case without leading zeros; ValueError for anything else."""
+    match = _TC_CLASS.fullmatch(value.strip().lower()) if isinstance(value, str) else None
+    major, minor = (int(match.group(1), 16), int(match.group(2), 16)) if match else (0, 0)
+    if not match or not minor or major in (0, 0xFFFF):
+        raise ValueError(f"'{value}' is not a tc class id: use major:minor in hex as 'tc class show' "
+                         f"prints it, e.g. '1:30' (major 1-fffe, minor not 0)")
+    return f"{major:x}:{minor:x}"
+
+
+def class_priority(cls: str) -> int:
+    """The skb->priority that selects class ``cls`` in HTB: major<<16 | minor."""
+    major, minor = (int(part, 16) for part in tc_class(cls).split(":"))
+    return major << 16 | minor
+
+
+def ip_prefixes(value) -> list[str]:
+    """IPv4/IPv6 prefixes (a bare address is a /32 or /128) in canonical form;
+    ValueError naming the first item that is not one."""
+    out = []
+    for item in value:
+        try:
+            out.append(str(ipaddress.ip_network(str(item).strip(), strict=False)))
+        except ValueError:
+            raise ValueError(f"'{item}' is not an IPv4 or IPv6 prefix; write e.g. 10.0.0.0/8, "
+                             f"fd00::/64 or 192.0.2.7") from None
+    return list(dict.fromkeys(out))
+
+
+def netns_ref(value) -> str:
+    """A network namespace as ``ip netns`` names it (a file in /run/netns) or a
+    process's ``/proc/PID/ns/net``; ValueError otherwise."""
+    text = str(value)
+    if re.fullmatch(NETNS_PATTERN, text) and "\0" not in text and len(text.encode()) <= NAME_MAX:
+        return text
+    raise ValueError(f"'{value}' is not a network namespace: use a name in /run/netns (as 'ip netns list' "
+                     f"shows it) or a path /proc/PID/ns/net")
+
 
 SPECS: dict[str, ActuatorSpec] = {s.name: s for s in (
     ActuatorSpec("log", "Write a line to the controller log and audit trail.", (
@@ -38,12 +97,15 @@ SPECS: dict[str, ActuatorSpec] = {s.name: s for s in (
         P("interfaces", "str_list", help="defaults to the selector's interfaces"),
         P("ports", "port_range", help="L4 port ranges to match, e.g. ['29500-29510']"),
         P("protocol", "str", default="tcp", choices=("tcp", "udp", "any")),
-        P("priority", "int", default=None, help="also set skb->priority (HTB class)"),
+        P("class", "str", default=None,
+          help="class of the interfaces' root qdisc to queue the flows in, as tc prints it, e.g. '1:30' "
+               "(sets skb->priority; HTB ignores DSCP)"),
         P("match_cgroup", "bool", default=False, help="only the job's cgroup"),
         P("addresses", "str_list", default=None,
-          help="IP prefixes to match (source or destination), e.g. ['10.0.0.0/8']"),
+          help="IPv4/IPv6 prefixes to match (source or destination), e.g. ['10.0.0.0/8', 'fd00::/64']"),
         P("netns", "str", default=None,
-          help="network namespace of the interfaces: a name in /run/netns or /proc/PID/ns/net"),
+          help="network namespace of the interfaces: a name in /run/netns or /proc/PID/ns/net "
+               "(defaults to the selector's)"),
     )),
     ActuatorSpec("deep_tracing", "Switch the deep probe tier (RDMA QP latency) on for a target, with a TTL.", (
         P("probe", "str", default="rdma_qp", choices=("rdma_qp",)),
@@ -62,3 +124,17 @@ SPECS: dict[str, ActuatorSpec] = {s.name: s for s in (
         P("value", "str", required=True),
     )),
 )}
+
+VALUE_CHECKS: dict[tuple[str, str], Callable] = {
+    ("dscp", "class"): tc_class,
+    ("dscp", "addresses"): ip_prefixes,
+    ("dscp", "netns"): netns_ref,
+}
+"""(actuator, parameter) -> the check a value of that type passes next: the
+canonical value, or ValueError saying what would fit."""
+
+REPLACED_PARAMS: dict[tuple[str, str], str] = {
+    ("dscp", "priority"): "use 'class', the class of the host's qdisc as tc prints it, e.g. class: \"1:30\" "
+                          "(it sets skb->priority 0x10030)",
+}
+"""(actuator, former parameter) -> what to write instead."""

@@ -36,6 +36,7 @@ ENTRIES: tuple[ProbeEntry, ...] = (
     ProbeEntry("block_io", "block_io", "BlockIo", LIGHT),
     ProbeEntry("gpu_submit", "gpu_submit", "GpuSubmit", LIGHT),
     ProbeEntry("net_tcp", "net_tcp", "NetTcp", LIGHT),
+    ProbeEntry("link_traffic", "link_traffic", "LinkTraffic", LIGHT),
     ProbeEntry("rdma_qp", "rdma_qp", "RdmaQp", DEEP),
 )
 _BY_NAME = {e.name: e for e in ENTRIES}

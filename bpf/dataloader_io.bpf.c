@@ -2,7 +2,8 @@
  * Loader: bpf/dataloader_io.py (class DataloaderIo).
  *
  * Two sources, each compiled in only when the loader found its tracepoints:
- *   read syscalls (READ_SYSCALLS): sys_enter_{read,pread64,readv,preadv,preadv2}
+ *   read syscalls (READ_SYSCALLS): sys_enter_{read,pread64,readv,preadv,preadv2,
+ *       recvfrom,recvmsg} (socket receives: items fetched from an object store)
  *       store the entry time per thread; the matching sys_exit records
  *       exit - entry for reads that returned >= 0.
  *   io_uring (URING_SUBMIT_REQ, or URING_SUBMIT_SQE on older kernels):

@@ -4,9 +4,13 @@ A starving input pipeline shows first as slow reads in its worker processes
 (``pt_data_worker``). The probe times reads two ways, both attributed to the
 process that issued them: io_uring requests from submit to completion (keyed
 by request pointer, since completion runs in io-wq or interrupt context) and
-the read family of syscalls from entry to exit. The kernel keeps a log-linear
-histogram per process (<= 25 % wide slots) and the loader interpolates the
-quantiles, so an injected 2 ms stall reads as ~2 ms, not as "1-2 ms".
+the read family of syscalls from entry to exit, socket receives included (a
+worker that streams its items from an object store reads them with
+``recvfrom``, so a slower store shows as slower reads; a client whose socket
+has a timeout waits in ``poll()`` first, and only the copy is timed). The
+kernel keeps a log-linear histogram per process (<= 25 % wide slots) and the
+loader interpolates the quantiles, so an injected 2 ms stall reads as ~2 ms,
+not as "1-2 ms".
 
 Signals: ``dataloader_read_latency_us{pid,trainer,quantile}`` (per interval,
 "0.5" and "0.99") and ``dataloader_reads_total{pid,trainer}`` (running
@@ -27,7 +31,7 @@ Example::
     for name, labels, value in probe.collect(now=time.time()):
         print(name, labels["pid"], labels.get("trainer"), labels.get("quantile"), value)
 
-Overhead: every read syscall on the node costs two tracepoint hits (~10 ns
+Overhead: every read or receive syscall on the node costs two tracepoint hits (~10 ns
 each on bare metal) and, on entry, the selection test (an array and a hash
 lookup); selected reads and io_uring requests add two clock reads, a hash
 insert and delete and a histogram increment. Measured on the 2-core test VM
@@ -48,7 +52,9 @@ from .maps import RunningTotals, drain_hists, sync_selection
 from .probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
 from .trainers import Trainers
 
-READ_SYSCALLS = ("read", "pread64", "readv", "preadv", "preadv2")
+# Reads of files, and receives on sockets: a worker that fetches its items from
+# an object store (S3, GCS, an HTTP dataset server) reads them with recvfrom.
+READ_SYSCALLS = ("read", "pread64", "readv", "preadv", "preadv2", "recvfrom", "recvmsg")
 URING_SUBMIT_EVENTS = ("io_uring_submit_req", "io_uring_submit_sqe")
 MAX_SELECTED = 1024
 
@@ -75,13 +81,13 @@ class DataloaderIo(Probe):
     # trainer: the training process that owns the worker; rank: that process's rank.
     signals = (
         SignalSpec("dataloader_read_latency_us", "us", ("node", "job", "pid", "quantile", "trainer", "rank"), "gauge",
-                   "I/O latency of DataLoader worker reads (io_uring and read syscalls), per interval quantile"),
+                   "I/O latency of DataLoader worker reads (io_uring, read and receive syscalls), per interval quantile"),
         SignalSpec("dataloader_reads_total", "1", ("node", "job", "pid", "trainer", "rank"), "counter",
                    "Reads completed by a DataLoader worker"),
     )
     fallback_order = (
         "io_uring:io_uring_submit_req + io_uring:io_uring_complete, and "
-        "syscalls:sys_{enter,exit}_{read,pread64,readv,preadv,preadv2}",
+        "syscalls:sys_{enter,exit}_{read,pread64,readv,preadv,preadv2,recvfrom,recvmsg}",
         "io_uring:io_uring_submit_sqe (older kernels) in place of io_uring_submit_req",
         "read syscalls only (degraded: io_uring reads unseen)",
         "io_uring only (degraded: plain reads unseen)",

@@ -41,6 +41,7 @@ MAX_SELECTED = 1024
 class GpuSubmit(Probe):
     name = "gpu_submit"
     tier = "light"
+    device = "gpu"                  # its signals mean nothing on a node without an NVIDIA GPU
     signals = (
         SignalSpec("gpu_submit_rate_hz", "1/s", ("node", "job", "pid"), "gauge",
                    "NVIDIA driver ioctl submissions per second"),

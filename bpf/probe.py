@@ -75,6 +75,13 @@ class Selection:
     cgroup_ids: tuple[int, ...] = () # cgroup v2 ids (bpf_get_current_cgroup_id)
     ports: tuple[tuple[int, int], ...] = ()  # inclusive L4 port ranges
     job: str = ""                    # label attached to every signal
+    interfaces: tuple[str, ...] = () # network interfaces, e.g. ("eth0",)
+    netns: str = ""                  # their network namespace: a name under /run/netns or a
+                                     # path such as /proc/PID/ns/net; "" = the controller's own
+    link_speeds: tuple[tuple[str, int], ...] = ()  # (interface, bits/s) declared for virtual
+                                     # or shaped links, whose reported speed says nothing
+    traffic_cgroup_ids: tuple[int, ...] = ()  # cgroup v2 ids whose sockets' packets are the job's
+                                     # traffic on those interfaces (not tasks to watch)
 
 
 class KernelFeatures:

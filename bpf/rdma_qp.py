@@ -107,6 +107,7 @@ class UprobeTarget:
 class RdmaQp(Probe):
     name = "rdma_qp"
     tier = "deep"
+    device = "rdma"                 # needs an RDMA device to observe
     signals = (
         SignalSpec("rdma_qp_completion_latency_us", "us", ("node", "qp", "dev", "quantile"), "gauge",
                    "RDMA queue-pair post to completion latency"),

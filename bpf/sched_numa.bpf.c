@@ -1,14 +1,14 @@
-/* sched_numa.bpf.c: CPU migrations (and NUMA crossings) and run-queue latency
- * of selected processes' threads.
+/* sched_numa.bpf.c: CPU migrations (and NUMA crossings), run-queue latency and
+ * on-CPU time per NUMA node of selected processes' threads.
  * Loader: bpf/sched_numa.py (class SchedNuma).
  *
  * Wakeups and migrations run in another task's context, so the program keeps
- * the set of watched threads itself: tasks[tid] = tgid. Each thread is
- * re-tested against the selection (tgid in sel_pid, or cgroup in sel_cgroup
+ * the set of watched threads itself: tasks[tid] = {tgid, ran_at}. Each thread
+ * is re-tested against the selection (tgid in sel_pid, or cgroup in sel_cgroup
  * when SEL_CGROUPS is set) whenever it is switched out, which every thread is
  * before it can be woken or migrated, and is added or removed accordingly; a
  * selection change takes effect within one scheduling period per thread. The
- * loader also writes the threads of selected pids at once, and
+ * loader also writes the threads of selected pids not yet watched at once, and
  * sched_process_exit removes exiting threads. Names (sel_comm) are resolved to
  * tgids by the loader's /proc scan and by on_rename (reflexarc_common.h), never
  * per event.
@@ -19,14 +19,24 @@
  *                             buffer numa_events (events_lost[0] += 1 when it
  *                             is full)
  *   sched:sched_wakeup(_new)  watched tid: queued_at[tid] = now
- *   sched:sched_switch        prev watched and still runnable (preempted):
+ *   sched:sched_switch        prev selected and ran_at set: oncpu[tgid,
+ *                             cpu_node[this CPU]] += now - ran_at, then
+ *                             ran_at = 0;
+ *                             prev selected and still runnable (preempted):
  *                             queued_at[prev] = now;
- *                             next watched: runq_hist[tgid, slot(now -
+ *                             next watched: tasks[next].ran_at = now (in the
+ *                             entry the watched test looked up), and when
+ *                             queued: runq_hist[tgid, slot(now -
  *                             queued_at[next], us)] += 1
- * The loader reads and deletes migrations and runq_hist once per interval, and
- * polls numa_events without blocking; events_lost is a running count.
+ * The loader reads and deletes migrations, runq_hist and oncpu once per
+ * interval, and polls numa_events without blocking; events_lost is a running
+ * count. On-CPU time is credited when a thread leaves the CPU, so a stretch
+ * counts in the interval it ends in; ran_at = 0 means the thread was not
+ * watched when it came on (or the stretch is already credited), and that
+ * stretch is not counted.
  * cpu_node is written by the loader from reflexarc.core.topology (map
- * update, no recompile); -1 marks an unknown CPU, never counted as a crossing.
+ * update, no recompile); -1 marks an unknown CPU, never counted as a crossing
+ * nor in oncpu.
  *
  * Histogram slots are log-linear (hist_slot in reflexarc_common.h), HIST_SLOTS
  * in all.
@@ -48,6 +58,14 @@
 
 struct mig { u64 all; u64 cross; };
 
+/* tasks value: the thread's process, and when it last came on a CPU while
+ * watched (bpf_ktime_get_ns; 0: unknown or already credited). The loader
+ * uses the types bcc derives from these two structs. */
+struct task { u32 tgid; u64 ran_at; };
+
+/* oncpu key: a process and the node of the CPUs it ran on. */
+struct node_key { u32 tgid; s32 node; };
+
 /* A cross-NUMA migration of a watched thread; mirrored by NumaEvent in
  * bpf/sched_numa.py. */
 struct numa_event {
@@ -61,11 +79,12 @@ struct numa_event {
     char comm[16];
 };
 
-BPF_TABLE("lru_hash", u32, u32, tasks, MAX_THREADS);
+BPF_TABLE("lru_hash", u32, struct task, tasks, MAX_THREADS);
 BPF_TABLE("lru_hash", u32, u64, queued_at, MAX_THREADS);
 BPF_ARRAY(cpu_node, s32, MAX_CPUS);
 BPF_HASH(migrations, u32, struct mig, MAX_PIDS);
 BPF_HASH(runq_hist, struct hist_key, u64, MAX_PIDS * 32);
+BPF_HASH(oncpu, struct node_key, u64, MAX_PIDS * 8);   /* ns; room for 8 nodes per pid on average */
 BPF_RINGBUF_OUTPUT(numa_events, RING_PAGES);
 BPF_PERCPU_ARRAY(events_lost, u64, 1);
 
@@ -87,10 +106,10 @@ static __always_inline void count_lost(void)
 int on_migrate(struct tracepoint__sched__sched_migrate_task *args)
 {
     u32 tid = args->pid;
-    u32 *known = tasks.lookup(&tid);
+    struct task *known = tasks.lookup(&tid);
     if (!known)
         return 0;
-    u32 tgid = *known;
+    u32 tgid = known->tgid;
     s32 from = node_of(args->orig_cpu), to = node_of(args->dest_cpu);
     int cross = from >= 0 && to >= 0 && from != to;
     struct mig zero = {};
@@ -135,18 +154,40 @@ int on_wakeup(struct tracepoint__sched__sched_wakeup *args)
     return 0;
 }
 
+/* Add the stretch a watched thread leaving this CPU ran since ran_at to its
+ * process's time on this CPU's node. */
+static __always_inline void credit_oncpu(struct task *t, u64 now)
+{
+    struct node_key nk = {.tgid = t->tgid, .node = node_of(bpf_get_smp_processor_id())};
+    u64 ran = now - t->ran_at;
+    t->ran_at = 0;
+    if (nk.node < 0)
+        return;
+    u64 zero = 0;
+    u64 *ns = oncpu.lookup_or_try_init(&nk, &zero);
+    if (ns)
+        __sync_fetch_and_add(ns, ran);
+}
+
 int on_switch(struct tracepoint__sched__sched_switch *args)
 {
     u32 prev = args->prev_pid, next = args->next_pid;
+    u64 now = 0;                          /* read once per switch, and only when needed */
 
     if (prev != 0) {                      /* current is prev here */
         u32 tgid = bpf_get_current_pid_tgid() >> 32;
         if (selected(tgid)) {
-            u32 *known = tasks.lookup(&prev);
-            if (!known || *known != tgid)
-                tasks.update(&prev, &tgid);
+            struct task *known = tasks.lookup(&prev);
+            if (!known || known->tgid != tgid) {
+                struct task fresh = {.tgid = tgid};
+                tasks.update(&prev, &fresh);
+            } else if (known->ran_at) {
+                now = bpf_ktime_get_ns();
+                credit_oncpu(known, now);
+            }
             if ((args->prev_state & SLEEP_STATE_BITS) == 0) {
-                u64 now = bpf_ktime_get_ns();
+                if (!now)
+                    now = bpf_ktime_get_ns();
                 queued_at.update(&prev, &now);
             }
         } else if (tasks.lookup(&prev)) {
@@ -155,14 +196,16 @@ int on_switch(struct tracepoint__sched__sched_switch *args)
     }
 
     if (next != 0) {
-        u32 *tgid = tasks.lookup(&next);
-        if (!tgid)
+        struct task *t = tasks.lookup(&next);
+        if (!t)
             return 0;
+        if (!now)
+            now = bpf_ktime_get_ns();
+        t->ran_at = now;
         u64 *queued = queued_at.lookup(&next);
         if (!queued)
             return 0;
-        u64 now = bpf_ktime_get_ns();
-        struct hist_key hk = {.id = *tgid, .slot = hist_slot((now - *queued) / 1000)};
+        struct hist_key hk = {.id = t->tgid, .slot = hist_slot((now - *queued) / 1000)};
         queued_at.delete(&next);
         runq_hist.atomic_increment(hk);
     }

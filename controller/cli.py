@@ -126,20 +126,14 @@ def _actuator_config(args):
                           webhook_url=args.webhook_url)
 
 
-def _alert_receiver_warnings(policies, config, override: str | None) -> list[str]:
-    """Policies that will send alerts (an ``alert`` action, or alert-only mode)
-    outside dry-run while no receiver is configured: said at start, not at the
-    first incident."""
-    if config.alertmanager_url or config.webhook_url:
-        return []
-    out = []
-    for p in policies:
-        mode = override or p.mode
-        if mode != "dry-run" and (mode == "alert-only" or any(a.actuator == "alert" for r in p.rules
-                                                               for a in r.actions)):
-            out.append(f"policy {p.name} ({mode}) sends alerts, but no alert receiver is configured: "
-                       "give --alertmanager-url or --webhook-url")
-    return out
+def _node_findings(args, policies, override: str | None = None):
+    """What keeps the policies from working on this node (``readiness.py``)."""
+    from reflexarc.core.devices import Devices
+    from .producers import NodeFacts
+    from .readiness import findings
+    facts = NodeFacts(Devices(sys_root=args.sys_root))
+    receiver = bool(args.alertmanager_url or args.webhook_url)
+    return facts, findings(policies, facts, receiver, override, strict=getattr(args, "strict", False))
 
 
 def _journal(args, clock=None):
@@ -161,6 +155,8 @@ def cmd_validate(args) -> int:
     if any(not path.strip() for path in args.paths):
         raise CliError("an empty path: name policy files or directories")
     policies, diags = validate_paths(args.paths)
+    if not any(d.is_error for d in diags):
+        diags = sorted(diags + _node_findings(args, policies)[1])
     for d in diags:
         print(d)
     errors = [d for d in diags if d.is_error]
@@ -210,21 +206,35 @@ def cmd_report(args) -> int:
 
 def _selection(policies, job: str):
     """What the probes watch: the union of the policies' selectors. A cgroup
-    (v2) is selected by its id, the inode number of its directory."""
+    (v2) is selected by its id, the inode number of its directory: as tasks to
+    watch, or, in a policy that names interfaces, as the owner of the job's
+    traffic on them. Interfaces are watched in one network namespace."""
     from reflexarc.bpf.probe import Selection
-    comms, pids, ports, cgroups = set(), set(), set(), set()
+    comms, pids, ports, cgroups, traffic, ifaces = set(), set(), set(), set(), set(), set()
+    speeds, netns = {}, {}
     for p in policies:
         comms.update(p.selector.processes)
         pids.update(p.selector.pids)
         ports.update(tuple(r) for r in p.selector.ports)
+        ifaces.update(p.selector.interfaces)
+        speeds.update(p.selector.link_speeds)
+        if p.selector.interfaces:
+            netns.setdefault(p.selector.netns, p.name)
         if p.selector.cgroup:
             try:
-                cgroups.add(os.stat(p.selector.cgroup).st_ino)
+                ino = os.stat(p.selector.cgroup).st_ino
             except OSError as exc:
                 raise CliError(f"policy {p.name}: cgroup {p.selector.cgroup}: {exc.strerror}") from None
+            # with interfaces, the cgroup says whose packets are the job's; else which tasks to watch
+            (traffic if p.selector.interfaces else cgroups).add(ino)
+    if len(netns) > 1:
+        named = ", ".join(f"{ns or 'the host'} (policy {name})" for ns, name in netns.items())
+        raise CliError(f"the probes watch interfaces in one network namespace; the policies name {named}")
     default = () if (pids or cgroups) else ("pt_data_worker",)   # DataLoader workers unless told otherwise
     return Selection(comms=tuple(sorted(comms)) or default, pids=tuple(sorted(pids)),
-                     cgroup_ids=tuple(sorted(cgroups)), ports=tuple(sorted(ports)), job=job)
+                     cgroup_ids=tuple(sorted(cgroups)), ports=tuple(sorted(ports)), job=job,
+                     interfaces=tuple(sorted(ifaces)), netns=next(iter(netns), ""),
+                     link_speeds=tuple(sorted(speeds.items())), traffic_cgroup_ids=tuple(sorted(traffic)))
 
 
 def cmd_run(args) -> int:
@@ -235,16 +245,24 @@ def cmd_run(args) -> int:
     from .engine import Controller
     from .limits import LimitSettings
     from .live import run_live
-    from .sources import HookSource, ProbeSource, ReplaySource, SourceError
+    from .producers import NVML, Producer
+    from .readiness import idle_reason
+    from .sources import HookSource, NvmlSource, ProbeSource, ReplaySource, SourceError
     policies = _load_policies(args.policy)
     override = None if args.mode == "policy" else args.mode
     _refuse_untrusted(policies, override)
+    facts, findings = _node_findings(args, policies, override)
+    for finding in findings:
+        print(finding, file=sys.stderr)
+    policies = [p for p in policies if not idle_reason(p, facts)]
     clock = WallClock()
     sources = []
     config = _actuator_config(args)
     try:
         if args.replay:
             sources.append(ReplaySource(args.replay, clock.now()))
+        if facts.why_not(Producer(NVML, device="gpu")) is None:
+            sources.append(NvmlSource(job=args.job))
     except SourceError as exc:
         raise CliError(str(exc)) from None
     hook_dir = Path(args.hook_dir)
@@ -263,8 +281,6 @@ def cmd_run(args) -> int:
         sources.append(ProbeSource(manager, hook_dir=str(hook_dir) if hook_dir.is_dir() else None))
     journal = _journal(args, clock)
     audit_path = Path(args.audit or Path(args.state_dir) / "audit.jsonl")
-    for warning in _alert_receiver_warnings(policies, config, override):
-        print(f"warning: {warning}", file=sys.stderr)
     ctl = Controller(policies, SignalBus(), build_registry(config), clock, mode_override=override,
                      journal=journal, audit=AuditLog(audit_path, clock, evals="sampled", sample_every=args.audit_sample,
                                                     max_bytes=int(args.audit_max_mb * (1 << 20))),
@@ -393,7 +409,9 @@ def cmd_rollback(args) -> int:
     failed = 0
     for e in entries:
         res = ex.revert(Change.from_dict(e.change), e.id, "enforce")
-        print(f"{e.id} {e.change['actuator']:14s} {res.outcome}" + (f": {res.error}" if res.error else ""))
+        summary = e.change.get("summary") or ""
+        print(f"{e.id} {e.change['actuator']:14s} {res.outcome}" + (f": {res.error}" if res.error else "")
+              + (f"  ({summary})" if summary else ""))
         failed += res.outcome is Outcome.FAILED
     journal.close()
     if not entries:
@@ -444,8 +462,10 @@ def build_parser() -> Parser:
     p.add_argument("--webhook-url", default=os.environ.get("REFLEXARC_WEBHOOK_URL"))
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    s = sub.add_parser("validate", help="check policy files")
+    s = sub.add_parser("validate", help="check policy files, and what keeps them from working on this node")
     s.add_argument("paths", nargs="+")
+    s.add_argument("--strict", action="store_true",
+                   help="treat warnings (a signal nothing here produces, an alert with no receiver) as errors")
     s.set_defaults(fn=cmd_validate)
 
     s = sub.add_parser("simulate", help="run a scenario in simulated time")

@@ -120,7 +120,18 @@ class Controller:
                              error=res.error, note="reconciled at start")
         if self.journal is not None:
             self.journal.compact()
+        self._prepare_actuators()
         return results
+
+    def _prepare_actuators(self) -> None:
+        """Ready the actuators that enforcing policies use, so the first incident
+        does not wait for a compile; a failure here is left for that action to report."""
+        names = {a.actuator for p in self.policies if self.mode_for(p) == "enforce" for r in p.rules for a in r.actions}
+        for name in sorted(names):
+            try:
+                self.registry.get(name).prepare()
+            except Exception as exc:  # noqa: BLE001 - the first action says what is wrong
+                log.warning("actuator %s not prepared: %s", name, exc)
 
     def tick(self, now: float | None = None) -> None:
         now = self.clock.now() if now is None else now

@@ -6,10 +6,13 @@ The catalogue is assembled from what the sources declare: the ``signals`` of
 every probe class ``bpf/catalog.py`` lists, the step signals of the framework
 hooks (``actuators/hooks.py``), and ``EXTERNAL`` below for the signals whose
 live source lies outside reflexarc. A new probe brings its signals with it.
+``PRODUCERS`` says, for each name, what can emit it (``producers.py`` checks
+which of those can run on this node).
 
 Example::
 
     CATALOGUE["dataloader_read_latency_us"].unit     # "us"
+    PRODUCERS["gpu_utilization_pct"]                 # (Producer("nvml", device="gpu"), Producer("promql"))
     suggest("dataloader_read_latency", CATALOGUE)    # "dataloader_read_latency_us"
 
 Overhead: at import, one import of each probe module (no bcc; ~25 ms in all);
@@ -23,17 +26,18 @@ from reflexarc.actuators.hooks import SIGNALS as HOOK_SIGNALS
 from reflexarc.bpf import catalog
 from reflexarc.core.signals import SignalSpec, suggest
 
-__all__ = ["CATALOGUE", "EXTERNAL", "SignalSpec", "UnknownSignal", "assemble", "suggest"]
+from .producers import HOOKS, NVML, PROBE, PROMQL, Producer
 
-# Signals no part of reflexarc emits yet: they come from external sources
-# (DCGM or NVML exporters, NCCL's own telemetry, NIC port counters) through a
-# replay file or a query source, and scenarios simulate them.
-EXTERNAL: tuple[SignalSpec, ...] = (
-    SignalSpec("gpu_utilization_pct", "%", ("node", "gpu", "job"), "gauge", "GPU utilisation"),
-    SignalSpec("nccl_link_latency_us", "us", ("node", "link", "quantile"), "gauge", "Collective link latency"),
-    SignalSpec("link_utilization_pct", "%", ("node", "iface"), "gauge", "Port utilisation"),
-    SignalSpec("numa_remote_ratio", "ratio", ("node", "job", "pid", "trainer", "rank"), "gauge",
-               "Share of a task's CPU time spent on a CPU outside its memory's NUMA node"),
+__all__ = ["CATALOGUE", "EXTERNAL", "PRODUCERS", "SignalSpec", "UnknownSignal", "assemble", "suggest"]
+
+# Signals whose live source lies outside the probes and the hooks: NVML where a
+# GPU exists, or the cluster's Prometheus (DCGM exporter, NCCL telemetry)
+# through a PromQL source; scenarios simulate them.
+EXTERNAL: tuple[tuple[SignalSpec, tuple[Producer, ...]], ...] = (
+    (SignalSpec("gpu_utilization_pct", "%", ("node", "gpu", "job"), "gauge", "GPU utilisation"),
+     (Producer(NVML, device="gpu"), Producer(PROMQL))),
+    (SignalSpec("nccl_link_latency_us", "us", ("node", "link", "quantile"), "gauge", "Collective link latency"),
+     (Producer(PROMQL),)),
 )
 
 
@@ -53,20 +57,34 @@ def assemble(declarations: Iterable[tuple[str, Iterable[SignalSpec]]]) -> dict[s
     return out
 
 
-def _probe_declarations() -> list[tuple[str, tuple[SignalSpec, ...]]]:
-    """The signals of each probe class ``catalog.ENTRIES`` lists; a probe whose
-    module is not installed contributes none (``reflexarc probes`` says why)."""
+def _declarations() -> list[tuple[Producer, tuple[SignalSpec, ...]]]:
+    """Every source with the signals it emits: each probe class ``catalog.ENTRIES``
+    lists (a probe whose module is not installed contributes none; ``reflexarc
+    probes`` says why), the framework hooks, then ``EXTERNAL``."""
     out = []
     for e in catalog.ENTRIES:
         try:
-            out.append((f"probe {e.name}", catalog.probe_class(e.name).signals))
+            cls = catalog.probe_class(e.name)
         except catalog.ProbeNotAvailable:
             continue
+        out.append((Producer(PROBE, e.name, getattr(cls, "device", "")), cls.signals))
+    out.append((Producer(HOOKS), HOOK_SIGNALS))
+    out += [(producer, (spec,)) for spec, producers in EXTERNAL for producer in producers]
     return out
 
 
-CATALOGUE: dict[str, SignalSpec] = assemble(
-    [*_probe_declarations(), ("the framework hooks", HOOK_SIGNALS), ("EXTERNAL", EXTERNAL)])
+def _producers(declarations) -> dict[str, tuple[Producer, ...]]:
+    out: dict[str, tuple[Producer, ...]] = {}
+    for producer, specs in declarations:
+        for spec in specs:
+            if producer not in out.get(spec.name, ()):
+                out[spec.name] = (*out.get(spec.name, ()), producer)
+    return out
+
+
+_DECLARED = _declarations()
+CATALOGUE: dict[str, SignalSpec] = assemble((str(producer), specs) for producer, specs in _DECLARED)
+PRODUCERS: dict[str, tuple[Producer, ...]] = _producers(_DECLARED)
 
 
 class UnknownSignal(KeyError):

@@ -4,6 +4,8 @@
   refreshes the probes' target selection and expires deep probes at their TTL.
 - ``HookSource``: step signals (``step_time_ms``, ``dataloader_batch_wait_ms``)
   that training scripts report through ``reflexarc.actuators.hooks``.
+- ``NvmlSource``: ``gpu_utilization_pct{gpu}`` of every NVIDIA GPU through NVML
+  (``nvidia-ml-py``), where the node has GPUs.
 - ``ReplaySource``: a JSONL file of ``{"t": seconds-from-start, "name", "labels", "value"}``
   replayed against wall time (recorded incidents, tests, demos).
 
@@ -15,8 +17,9 @@ Example::
 
 Overhead: ProbeSource reads the probes' maps once per interval and lists the
 hook directory every 5 s; HookSource makes
-one Unix-socket request per training process per interval; ReplaySource reads
-its file once at start.
+one Unix-socket request per training process per interval; NvmlSource one
+utilisation query per GPU per interval (~50 us each); ReplaySource reads its
+file once at start.
 """
 from __future__ import annotations
 
@@ -65,6 +68,38 @@ class ReplaySource:
 
     def close(self) -> None:
         pass
+
+
+class NvmlSource:
+    """GPU utilisation from NVML. ``nvml`` is the ``pynvml`` module (injectable:
+    no GPU exists on the test machines, so tests pass a stand-in that answers the
+    same calls)."""
+
+    name = "nvml"
+
+    def __init__(self, nvml=None, job: str | None = None) -> None:
+        if nvml is None:
+            import pynvml as nvml
+        self.nvml, self.job = nvml, job
+        try:
+            nvml.nvmlInit()
+            self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        except nvml.NVMLError as exc:
+            raise SourceError(f"NVML: {exc}") from None
+
+    def poll(self, now: float) -> list[tuple[str, dict, float]]:
+        out = []
+        for index, handle in enumerate(self.handles):
+            try:
+                rates = self.nvml.nvmlDeviceGetUtilizationRates(handle)
+            except self.nvml.NVMLError:     # a GPU fallen off the bus: no sample, the rule goes stale
+                continue
+            labels = {"gpu": str(index), **({"job": self.job} if self.job else {})}
+            out.append(("gpu_utilization_pct", labels, float(rates.gpu)))
+        return out
+
+    def close(self) -> None:
+        self.nvml.nvmlShutdown()
 
 
 class ProbeSource:

@@ -134,7 +134,7 @@ class SimDscp(SimActuator):
         if checked.get("match_cgroup") and not target.selector.get("cgroup"):
             raise PermanentActuatorError("match_cgroup needs a selector with a cgroup")
         before = self.read_current(target, resolved)
-        after = {"dscp": checked["dscp"], "priority": checked.get("priority")}
+        after = {"dscp": checked["dscp"], "class": checked.get("class")}
         ports = format_port_ranges(checked["ports"])
         was = "untagged" if before is None else f"DSCP {before['dscp']}"
         return Change("dscp", target, resolved, before, after,

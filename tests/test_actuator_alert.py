@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from alertmanager import BINARY, Alertmanager, free_port
 from conftest import require
 
 from reflexarc.actuators.alert import AlertActuator
 from reflexarc.actuators.base import Change, PermanentActuatorError, Target, TemporaryActuatorError
+from reflexarc.simulations.testbed.alertmanager import BINARY, Alertmanager, free_port
 
 TARGET = Target({"job": "llama", "rank": "3"}, {"policy": "numa_guard", "rule": "loader_slow"})
 EVIDENCE = [{"condition": 'p99(dataloader_read_latency_us[30s]) > 3x baseline', "signal": "dataloader_read_latency_us",

@@ -17,8 +17,14 @@ import pytest
 from conftest import require, require_bpf
 from netns import NetnsPair, sh
 
-from reflexarc.actuators.base import Change, PermanentActuatorError, Target
+from reflexarc.actuators.base import Change, PermanentActuatorError, Registry, Target
 from reflexarc.actuators.dscp import FILTER_PRIO, DscpActuator
+from reflexarc.actuators.specs import SPECS
+from reflexarc.controller.clock import WallClock
+from reflexarc.controller.executor import Executor
+from reflexarc.controller.journal import Journal
+from reflexarc.controller.policy.loader import load_policies
+from reflexarc.core.outcomes import Outcome
 
 ETH_P_ALL = 0x0003
 ECT0 = 0x02          # ECN bits the senders set; marking must keep them
@@ -200,6 +206,24 @@ def test_marks_matching_udp_flows_ipv4_and_ipv6_keeping_ecn(pair, act):
     assert send_udp(pair, 4, 5005) == ECT0
 
 
+def test_prepare_compiles_ahead_and_leaves_nothing_pinned(pair, dirs):
+    """The controller prepares an enforcing policy's actuators at start: the
+    classifier is compiled then, no pin is left, and the first retag reuses it."""
+    act = DscpActuator(state_dir=dirs[0], pin_dir=dirs[1])
+    try:
+        act.prepare()
+        compiled = act._bpf
+        assert compiled is not None and not Path(dirs[1]).exists(), "prepare must change nothing"
+        change = act.plan(target(pair), {"dscp": "EF", "ports": [5000], "protocol": "udp"})
+        act.apply(change)
+        assert act._bpf is compiled, "the first apply recompiled"
+        assert send_udp(pair, 4, 5000) >> 2 == 46
+        act.revert(change)
+        assert not Path(dirs[1]).exists()
+    finally:
+        act.close()
+
+
 def test_marks_tcp_by_port_and_not_udp(pair, act):
     change = act.plan(target(pair), {"dscp": "EF", "ports": [29500], "protocol": "tcp"})
     act.apply(change)
@@ -334,23 +358,187 @@ def test_revert_after_the_namespace_is_gone(pair, act):
     act.revert(change)       # the rule and interface entry go; the fixture checks the pins went too
 
 
-def test_priority_reaches_htb(pair, act):
-    ifname = pair.if_a
-    pair.run("a", "tc", "qdisc", "add", "dev", ifname, "root", "handle", "1:", "htb", "default", "20")
+def add_htb(pair: NetnsPair) -> None:
+    """Side a's root qdisc: HTB 1: with leaf classes 1:10 and 1:20 (the default)."""
+    pair.run("a", "tc", "qdisc", "add", "dev", pair.if_a, "root", "handle", "1:", "htb", "default", "20")
     for minor in ("10", "20"):
-        pair.run("a", "tc", "class", "add", "dev", ifname, "parent", "1:", "classid", f"1:{minor}",
+        pair.run("a", "tc", "class", "add", "dev", pair.if_a, "parent", "1:", "classid", f"1:{minor}",
                  "htb", "rate", "100mbit")
-    change = act.plan(target(pair), {"dscp": "AF31", "ports": ["5000"], "protocol": "udp",
-                                     "priority": 0x10010})
+
+
+def class_counters(pair: NetnsPair) -> dict[str, tuple[int, int]]:
+    """(bytes, packets) sent per HTB class of side a's interface, from ``tc -s class show``."""
+    stats = pair.run("a", "tc", "-s", "class", "show", "dev", pair.if_a).stdout
+    found = re.findall(r"class htb (\S+) .*\n\s*Sent (\d+) bytes (\d+) pkt", stats)
+    return {cls: (int(sent), int(pkts)) for cls, sent, pkts in found}
+
+
+def grown(before: dict, after: dict, cls: str) -> tuple[int, int]:
+    return after[cls][0] - before[cls][0], after[cls][1] - before[cls][1]
+
+
+def test_class_queues_the_flows_in_that_htb_class(pair, act):
+    add_htb(pair)
+    t = target(pair)
+    change = act.plan(t, {"dscp": "CS1", "ports": ["5000"], "protocol": "udp", "class": "1:10"})
+    assert change.params["class"] == "1:10" and "priority" not in change.params
+    assert [r["class"] for r in change.after[pair.if_a]["rules"]] == ["1:10"]
+    assert change.summary == (f"dscp CS1 (8) on {pair.ns_a}:{pair.if_a} for udp ports 5000-5000, "
+                              f"qdisc class 1:10 [job=llama]")
     act.apply(change)
     try:
+        assert act.read_current(t) == change.after, "the rule in the map sets skb->priority 0x10010"
+        before = class_counters(pair)
         for _ in range(5):
-            send_udp(pair, 4, 5000)
-        stats = pair.run("a", "tc", "-s", "class", "show", "dev", ifname).stdout
-        sent = dict(re.findall(r"class htb 1:(\d+) .*?\n\s*Sent \d+ bytes (\d+) pkt", stats))
-        assert int(sent["10"]) >= 5, stats
+            assert send_udp(pair, 4, 5000) == (8 << 2) | ECT0
+        assert send_udp(pair, 6, 5000) == (8 << 2) | ECT0
+        assert send_udp(pair, 4, 6000) == ECT0, "unmatched"
+        after = class_counters(pair)
+        frame = 14 + 20 + 8 + len(b"reflexarc")
+        sent, packets = grown(before, after, "1:10")
+        assert packets == 6 and sent >= 5 * frame, (before, after)
+        assert grown(before, after, "1:20")[0] >= frame, "the unmatched datagram takes the default class"
     finally:
         act.revert(change)
+    before = class_counters(pair)
+    send_udp(pair, 4, 5000)
+    assert grown(before, class_counters(pair), "1:10") == (0, 0), "after revert, port 5000 is not steered"
+
+
+def test_a_missing_class_fails_the_plan_naming_the_classes_there(pair, act, dirs):
+    t = target(pair)
+    where = f"{pair.if_a} in netns {pair.ns_a}"
+    plan = lambda cls: act.plan(t, {"dscp": "CS1", "ports": ["5000"], "protocol": "udp", "class": cls})
+    with pytest.raises(PermanentActuatorError, match=re.escape(f"{where} has qdisc noqueue, which has no classes")):
+        plan("1:30")
+    add_htb(pair)
+    for classid, parent in (("1:1", "1:"), ("1:31", "1:1")):
+        pair.run("a", "tc", "class", "add", "dev", pair.if_a, "parent", parent, "classid", classid,
+                 "htb", "rate", "10mbit")
+    with pytest.raises(PermanentActuatorError,
+                       match=re.escape(f"{where} has no class 1:30 (classes: 1:1, 1:10, 1:20, 1:31)")):
+        plan("1:30")
+    with pytest.raises(PermanentActuatorError, match=re.escape(
+            f"class 1:1 of {where} has classes under it (1:31); htb queues packets only in leaf classes")):
+        plan("1:1")
+    with pytest.raises(PermanentActuatorError, match="parameter 'class' of 'dscp': '1:3z' is not a tc class id"):
+        plan("1:3z")
+    assert plan("01:010").params["class"] == "1:10", "written as tc prints it"
+    assert not Path(dirs[1]).exists(), "a failed plan writes nothing"
+
+
+def policy_for(tmp_path: Path, pair: NetnsPair):
+    """A policy whose selector names side a's namespace and interface, as a file would."""
+    path = tmp_path / "demote.yaml"
+    path.write_text(f"""\
+policies:
+  - name: demote-bulk
+    mode: enforce
+    selector: {{match: {{job: llama}}, interfaces: [{pair.if_a}], netns: {pair.ns_a}}}
+    rules:
+      - name: congested
+        when: {{signal: tcp_retransmits_total, agg: rate, window: 10s, op: ">", threshold: 50}}
+        actions:
+          - actuator: dscp
+            params: {{dscp: CS1, ports: ["5000"], protocol: udp}}
+        rollback: {{on: [clear]}}
+""")
+    (policy,) = load_policies([str(path)])
+    return policy
+
+
+def executor(act: DscpActuator, state: Path) -> tuple[Executor, Journal]:
+    registry = Registry()
+    registry.register(SPECS["dscp"], lambda: act)
+    journal = Journal(state / "journal.jsonl", WallClock())
+    return Executor(registry, journal, WallClock()), journal
+
+
+def test_selector_netns_reaches_the_plan_the_journal_and_its_listing(pair, act, tmp_path):
+    policy = policy_for(tmp_path, pair)
+    rule = policy.rules[0]
+    assert policy.selector.netns == pair.ns_a
+    # as the lifecycle makes a target: the selector as a dict, plus where it comes from
+    t = Target({"job": "llama"}, {**policy.selector.to_dict(), "policy": policy.name, "rule": rule.name})
+    ex, journal = executor(act, tmp_path)
+    res = ex.act("dscp", t, rule.actions[0].params, "enforce", policy=policy.name, rule=rule.name)
+    try:
+        assert res.outcome is Outcome.APPLIED, res.error
+        assert res.change.params["netns"] == pair.ns_a
+        assert f" on {pair.ns_a}:{pair.if_a} for udp ports 5000-5000 " in res.change.summary
+        assert send_udp(pair, 4, 5000) == (8 << 2) | ECT0
+        assert f"{pair.ns_a}:{pair.if_a}" in journal.get(res.journal_id).change["summary"]
+        journal.close()
+        listing = subprocess.run([sys.executable, "-m", "reflexarc.controller.cli", "--state-dir", str(tmp_path),
+                                  "journal"], capture_output=True, text=True, timeout=60, check=True).stdout
+        assert f"demote-bulk/congested  dscp CS1 (8) on {pair.ns_a}:{pair.if_a} " in listing, listing
+        journal = Journal(tmp_path / "journal.jsonl", WallClock())
+        ex.journal = journal
+    finally:
+        assert ex.revert(res.change, res.journal_id, "enforce").outcome is Outcome.REVERTED
+        journal.close()
+    elsewhere = Target({}, {**t.selector, "netns": pair.ns_b})
+    assert act.plan(elsewhere, {"dscp": "CS1", "netns": pair.ns_a}).params["netns"] == pair.ns_a, \
+        "a netns parameter overrides the selector's"
+    with pytest.raises(PermanentActuatorError, match=f"{pair.if_a} not found in netns {pair.ns_b}"):
+        act.plan(elsewhere, {"dscp": "CS1"})
+
+
+@pytest.mark.parametrize("gone", ["interface", "netns", "netns re-created"])
+def test_a_gone_target_closes_the_change_and_its_rules_leave_the_pins(pair, act, dirs, tmp_path, gone):
+    ex, journal = executor(act, tmp_path)
+    with NetnsPair("g") as other:
+        kept = act.plan(target(other), {"dscp": "AF41", "ports": ["5000"], "protocol": "udp"})
+        act.apply(kept)
+        try:
+            res = ex.act("dscp", target(pair), {"dscp": "EF", "ports": ["5000"], "protocol": "udp"}, "enforce")
+            assert res.outcome is Outcome.APPLIED and act.exists(res.change)
+            if gone == "interface":
+                pair.run("a", "ip", "link", "del", pair.if_a)
+            else:
+                sh("ip", "netns", "del", pair.ns_a)
+            if gone == "netns re-created":    # same names, another namespace: not the change's
+                sh("ip", "netns", "add", pair.ns_a)
+                sh("ip", "-n", pair.ns_a, "link", "add", pair.if_a, "type", "veth", "peer", "name", pair.if_a + "p")
+            assert ex.revert(res.change, res.journal_id, "enforce").outcome is Outcome.TARGET_GONE
+            assert journal.get(res.journal_id).state == Outcome.TARGET_GONE
+            assert not act.exists(res.change)
+            assert act.read_current(target(other)) == kept.after, "the other change keeps its rules"
+            if gone == "netns re-created":
+                assert act.read_current(target(pair)) == {pair.if_a: {"clsact": False, "filter": False, "rules": []}}
+        finally:
+            act.revert(kept)
+            journal.close()
+    assert not Path(dirs[1]).exists(), "no rule and no interface entry of the gone change was left pinned"
+
+
+def test_a_change_journaled_with_a_numeric_priority_still_reverts(pair, act, dirs):
+    add_htb(pair)
+    snapshot = tc_state(pair, pair.if_a)
+    # the kernel holds what the code before 'class' wrote: a rule with skb->priority 0x10010
+    change = act.plan(target(pair), {"dscp": "AF31", "ports": ["5000"], "protocol": "udp", "class": "1:10"})
+    act.apply(change)
+    p, ifname = change.params, pair.if_a
+    rule = {"owner": p["owner"], "seq": p["seq"], "dscp": 26, "protocol": "udp", "ports": [5000, 5000],
+            "address": None, "cgroup_id": None, "priority": 0x10010}
+    journaled = json.dumps({   # that code's journal record
+        "actuator": "dscp", "target": {"labels": {"job": "llama"}, "selector": {"interfaces": [ifname],
+                                                                                "netns": pair.ns_a}},
+        "params": {"dscp": 26, "interfaces": [ifname], "netns": pair.ns_a, "protocol": "udp",
+                   "ports": [[5000, 5000]], "addresses": [], "priority": 0x10010, "match_cgroup": False,
+                   "cgroup_id": None, "owner": p["owner"], "seq": p["seq"], "netns_cookie": p["netns_cookie"]},
+        "before": {ifname: {"clsact": False, "filter": False, "rules": []}},
+        "after": {ifname: {"clsact": True, "filter": True, "rules": [rule]}},
+        "summary": f"dscp AF31 (26) for udp ports 5000-5000 on {ifname} [job=llama]"})
+    before = class_counters(pair)
+    assert send_udp(pair, 4, 5000) == (26 << 2) | ECT0
+    assert grown(before, class_counters(pair), "1:10")[1] == 1
+    restarted = DscpActuator(state_dir=dirs[0], pin_dir=dirs[1])
+    record = Change.from_dict(json.loads(journaled))
+    assert restarted.exists(record)
+    restarted.revert(record)
+    assert tc_state(pair, ifname) == snapshot
+    assert act.read_current(target(pair)) == {ifname: {"clsact": False, "filter": False, "rules": []}}
 
 
 def cgroup2_root() -> Path | None:
@@ -403,9 +591,17 @@ def test_bad_requests_are_permanent_and_plan_writes_nothing(pair, act, dirs):
                           ({"dscp": "EF", "protocol": "sctp"}, "protocol"),
                           ({"dscp": "EF", "interfaces": ["nosuchif0"]}, "nosuchif0"),
                           ({"dscp": "EF", "match_cgroup": True}, "cgroup"),
-                          ({"dscp": "EF", "netns": f"rxnone{os.getpid()}"}, "does not exist")):
+                          ({"dscp": "EF", "netns": f"rxnone{os.getpid()}"}, "does not exist"),
+                          ({"dscp": "EF", "netns": "a/b"}, "parameter 'netns' of 'dscp': 'a/b' is not a network "
+                                                           "namespace: use a name in /run/netns"),
+                          ({"dscp": "EF", "addresses": ["10.0.0.0/8", "10.0.0.300/8"]},
+                           "parameter 'addresses' of 'dscp': '10.0.0.300/8' is not an IPv4 or IPv6 prefix"),
+                          ({"dscp": "EF", "class": "1:0"}, "'1:0' is not a tc class id"),
+                          ({"dscp": "EF", "priority": 0x10030}, "has no parameter 'priority'")):
         with pytest.raises(PermanentActuatorError, match=words):
             act.plan(t, params)
+    with pytest.raises(PermanentActuatorError, match="selector: 'a/b' is not a network namespace"):
+        act.plan(Target({}, {"interfaces": [pair.if_a], "netns": "a/b"}), {"dscp": "EF"})
     act.plan(t, {"dscp": "EF"})
     assert not Path(dirs[1]).exists()
     assert "clsact" not in tc_state(pair, pair.if_a)

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -315,6 +316,19 @@ def test_step_signals_are_served(hook_dir, start):
     assert got == {("llama", "0", "step_time_ms"): 182.5, ("llama", "0", "dataloader_batch_wait_ms"): 4.25,
                    ("other", "1", "step_time_ms"): 90.0, ("other", "1", "dataloader_batch_wait_ms"): 1.0}
     assert HookClient(ready["ready"]).request("signals", 5.0)["iteration"] == 41
+
+
+def test_a_stalled_step_reports_its_time_so_far(hook_dir, start):
+    """A step that has run for over a second (and twice the last step) is at least
+    that long: the reader sees it before the step ends, then the real mean again."""
+    script, _ = start()
+    script.send("report 100 1 1")
+    time.sleep(1.2)
+    [step] = [s for s in read_signals(hook_dir, "llama") if s["name"] == "step_time_ms"]
+    assert step["value"] >= 1200
+    script.send("report 1300 1 2")
+    [step] = [s for s in read_signals(hook_dir, "llama") if s["name"] == "step_time_ms"]
+    assert step["value"] == 1300
 
 
 def test_ranks_by_training_process(hook_dir, start):

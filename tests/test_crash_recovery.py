@@ -117,7 +117,7 @@ def test_fault_injection_after_apply_then_rollback_all(tmp_path):
     assert knob.read_text().strip() == "0"
     rb = subprocess.run(base + ["rollback", "--all"], capture_output=True, text=True)
     assert rb.returncode == 0, rb.stderr
-    assert "reverted" in rb.stdout
+    assert "reverted" in rb.stdout and "kernel.numa_balancing" in rb.stdout, rb.stdout   # says what it undid
     assert knob.read_text().strip() == "1"
 
 

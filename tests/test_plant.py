@@ -251,7 +251,7 @@ def test_dscp_fix_matches_covering_port_ranges_on_the_right_interface():
         assert plant.fault_effective("checkpoint-upload-burst", 300), params
         dscp.revert(change)
     change = dscp.plan(target, {"dscp": 8, "ports": ["400-500"]})
-    assert change.after == {"dscp": 8, "priority": None} and change.before is None
+    assert change.after == {"dscp": 8, "class": None} and change.before is None
     dscp.apply(change)
     assert not plant.fault_effective("checkpoint-upload-burst", 300)
 

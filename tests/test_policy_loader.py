@@ -105,7 +105,8 @@ def test_every_parameter_of_every_actuator_is_read_and_normalised():
         by_name.setdefault(action.actuator, {}).update(action.params)
     assert by_name["dscp"]["dscp"] == 46                         # a DSCP given as a number
     assert by_name["dscp"]["ports"] == [(29500, 29500), (29600, 29610)]
-    assert by_name["dscp"]["match_cgroup"] is True and by_name["dscp"]["priority"] == 3
+    assert by_name["dscp"]["match_cgroup"] is True and by_name["dscp"]["class"] == "1:3"
+    assert by_name["dscp"]["addresses"] == ["10.0.0.0/8"] and by_name["dscp"]["netns"] == "train"
     assert by_name["deep_tracing"]["ttl"] == 600.0
     assert by_name["framework_hook"]["timeout"] == 2.5 and by_name["framework_hook"]["at_step_boundary"] is False
     assert by_name["affinity"]["cpus"] == [0, 1] and by_name["affinity"]["device"] == "0000:3b:00.0"
@@ -224,6 +225,77 @@ def test_a_bad_policy_is_dropped_and_its_good_neighbour_kept(tmp_path):
     policies, diagnostics = validate_paths([path])
     assert [p.name for p in policies] == ["step-time-log"]
     assert _where(diagnostics) == [(10, 12, "policy 'broken' has no rules; 'rules' needs at least one")]
+
+
+DSCP_POLICY = """\
+policies:
+  - name: demote
+    selector: {{interfaces: [eth0]{selector}}}
+    rules:
+      - name: bulk
+        when: {{signal: tcp_retransmits_total, agg: rate, window: 10s, op: ">", threshold: 50}}
+        actions:
+          - actuator: dscp
+            params: {{dscp: CS1, {params}}}
+        rollback: {{on: [clear]}}
+"""
+
+
+def test_priority_is_rejected_and_points_to_class(tmp_path):
+    path = _write(tmp_path, "priority.yaml", DSCP_POLICY.format(selector="", params="priority: 65584"))
+    policies, diagnostics = validate_paths([path])
+    assert policies == []
+    assert [str(d) for d in diagnostics] == [
+        f"{path}:9:33: error: actuator 'dscp' has no parameter 'priority' any more; use 'class', the class "
+        "of the host's qdisc as tc prints it, e.g. class: \"1:30\" (it sets skb->priority 0x10030)"]
+
+
+@pytest.mark.parametrize("selector, params, expected", [
+    (", netns: r0", 'class: "1:30"', ("r0", {"class": "1:30"})),
+    (", netns: /proc/4242/ns/net", "class: 1:30", ("/proc/4242/ns/net", {"class": "1:30"})),  # YAML 1.1: 90
+    ("", 'class: "01:0A", netns: r1, addresses: [10.1.2.3/8, "fd00::1"]',
+     ("", {"class": "1:a", "netns": "r1", "addresses": ["10.0.0.0/8", "fd00::1/128"]})),
+])
+def test_selector_netns_and_dscp_class_are_read_in_canonical_form(tmp_path, selector, params, expected):
+    path = _write(tmp_path, "dscp.yaml", DSCP_POLICY.format(selector=selector, params=params))
+    (policy,) = load_policies([path])
+    netns, values = expected
+    assert policy.selector.netns == netns and policy.selector.to_dict()["netns"] == netns
+    assert policy.rules[0].actions[0].params == {"dscp": 8, **values}
+
+
+def test_bad_netns_class_and_addresses_are_located_errors(tmp_path):
+    path = _write(tmp_path, "bad.yaml", DSCP_POLICY.format(
+        selector=", netns: a/b", params='class: "1:0", addresses: [10.0.0.0/33], netns: ".."'))
+    policies, diagnostics = validate_paths([path])
+    assert policies == []
+    assert _where(diagnostics) == [
+        (3, 43, "'netns': 'a/b' is not a network namespace: use a name in /run/netns (as 'ip netns list' "
+                "shows it) or a path /proc/PID/ns/net"),
+        (9, 40, "parameter 'class' of 'dscp': '1:0' is not a tc class id: use major:minor in hex as "
+                "'tc class show' prints it, e.g. '1:30' (major 1-fffe, minor not 0)"),
+        (9, 58, "parameter 'addresses' of 'dscp': '10.0.0.0/33' is not an IPv4 or IPv6 prefix; write e.g. "
+                "10.0.0.0/8, fd00::/64 or 192.0.2.7"),
+        (9, 80, "parameter 'netns' of 'dscp': '..' is not a network namespace: use a name in /run/netns "
+                "(as 'ip netns list' shows it) or a path /proc/PID/ns/net"),
+    ]
+
+
+def test_selector_link_speeds_are_rates_per_interface(tmp_path):
+    path = _write(tmp_path, "speeds.yaml", DSCP_POLICY.format(
+        selector=", link_speeds: {eth0: 200mbit, eth1: 25Gbit, eth2: 1000000}", params="ports: [443]"))
+    (policy,) = load_policies([path])
+    assert policy.selector.link_speeds == {"eth0": 200_000_000, "eth1": 25_000_000_000, "eth2": 1_000_000}
+    assert policy.selector.to_dict()["link_speeds"] == policy.selector.link_speeds
+    bad = _write(tmp_path, "bad.yaml", DSCP_POLICY.format(
+        selector=", link_speeds: {eth0: fast, eth0/x: 1gbit, eth1: 0}", params="ports: [443]"))
+    policies, diagnostics = validate_paths([bad])
+    assert policies == []
+    assert _where(diagnostics) == [
+        (3, 56, "speed of 'eth0': 'fast' is not a rate (e.g. \"200mbit\", \"25gbit\" or bits per second)"),
+        (3, 62, "'eth0/x' is not a valid interface name (1-15 bytes, no '/' or spaces)"),
+        (3, 83, "speed of 'eth1': '0' is not a rate above 0 (e.g. \"200mbit\", \"25gbit\" or bits per second)"),
+    ]
 
 
 def test_quantile_series_must_be_selected(tmp_path):

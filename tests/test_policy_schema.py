@@ -86,6 +86,30 @@ def test_schema_names_every_signal_actuator_and_per_signal_labels():
     assert params["sysctl"]["properties"]["key"]["enum"] == list(SPECS["sysctl"].param("key").choices)
 
 
+def _dscp_document(selector: dict, params: dict) -> dict:
+    return {"policies": [{"name": "demote", "selector": {"interfaces": ["eth0"], **selector}, "rules": [{
+        "name": "bulk", "rollback": {"on": ["clear"]},
+        "actions": [{"actuator": "dscp", "params": {"dscp": "CS1", **params}}],
+        "when": {"signal": "step_time_ms", "agg": "max", "window": "10s", "op": ">", "threshold": 1}}]}]}
+
+
+@pytest.mark.parametrize("selector, params, accepted", [
+    ({"netns": "r0"}, {"class": "1:30"}, True),
+    ({"netns": "/proc/4242/ns/net"}, {"netns": "r1", "addresses": ["10.0.0.0/8"]}, True),
+    ({"netns": "a/b"}, {}, False),
+    ({"netns": ".."}, {}, False),
+    ({"netns": "/proc/self/ns/net"}, {}, False),
+    ({}, {"priority": 65584}, False),
+])
+def test_schema_and_loader_agree_on_selector_netns_and_dscp_class(validator, tmp_path, selector, params, accepted):
+    document = _dscp_document(selector, params)
+    assert validator.is_valid(document) is accepted
+    path = tmp_path / "dscp.yaml"
+    path.write_text(yaml.safe_dump(document))
+    policies, _ = validate_paths([str(path)])
+    assert bool(policies) is accepted
+
+
 def _subschemas(node, path="#"):
     if isinstance(node, dict):
         yield path, node

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +24,7 @@ from conftest import ROOT, require, require_bpf
 from workloads.slow_reads import INDEX_READS, PipeDelayDataset
 
 from reflexarc.actuators.framework_hook import ranks_by_pid
-from reflexarc.bpf.dataloader_io import DataloaderIo
+from reflexarc.bpf.dataloader_io import READ_SYSCALLS, DataloaderIo
 from reflexarc.bpf.probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Selection
 from reflexarc.controller.signals import CATALOGUE
 
@@ -83,6 +84,32 @@ def test_injected_2ms_read_shows_in_worker_p99(tmp_path):
     assert sum(reads[pid][None] for pid in workers) >= ITEMS * (INDEX_READS + 1)
     for _, labels, _ in samples:
         assert labels["job"] == "t-dl" and labels["node"]
+
+
+def test_socket_receive_from_a_slow_store_shows_as_read_latency():
+    """A worker that fetches items over the network waits in recvfrom: a store
+    answering after 30 ms reads as a ~30 ms read in the probe."""
+    require_bpf()
+    probe = DataloaderIo(Selection(pids=(os.getpid(),)))
+    probe.start()
+    try:
+        ours, store = socket.socketpair()
+        with ours, store:
+            def answer():
+                for _ in range(5):
+                    store.recv(16)
+                    time.sleep(0.03)
+                    store.send(b"item")
+            server = threading.Thread(target=answer)
+            server.start()
+            for _ in range(5):
+                ours.send(b"get")
+                assert ours.recvfrom(16)[0] == b"item"
+            server.join()
+        p99 = by_pid(probe.collect(time.time()), "dataloader_read_latency_us")[os.getpid()]["0.99"]
+    finally:
+        probe.stop()
+    assert 25_000 <= p99 <= 60_000, p99
 
 
 def test_workers_of_every_epoch_carry_their_training_process(tmp_path):
@@ -225,7 +252,7 @@ def test_degraded_variants_compile_and_count_reads():
     require_bpf()
     variants = [
         ({"io_uring_submit_req", "io_uring_submit_sqe"}, "syscalls only"),
-        ({f"sys_enter_{s}" for s in ("read", "pread64", "readv", "preadv", "preadv2")}, "io_uring only"),
+        ({f"sys_enter_{s}" for s in READ_SYSCALLS}, "io_uring only"),
     ]
     for hidden, reason in variants:
         probe = DataloaderIo(Selection(pids=(os.getpid(),)), features=Hiding(hidden))

@@ -1,5 +1,6 @@
-"""sched_numa probe against real migrations of a real task, under a topology
-given outright and under one read from a fixture sysfs tree.
+"""sched_numa probe against real migrations and real on-CPU time of a real
+task, under a topology given outright and under one read from a fixture sysfs
+tree.
 
 A child names itself ``pt_data_worker`` and spins; the test moves it between
 CPU 0 and CPU 1 with ``sched_setaffinity`` (each move of a running task is one
@@ -8,6 +9,12 @@ a node, and each crossing is one ring-buffer event; after loading {0: [0, 1]}
 (a map update) none does. A probe given a fixture sys root that declares cpu0
 on node 0 and cpu1 on node 1 counts the same moves as crossings; one on the
 real /sys of this one-node machine counts none.
+
+On this one-node machine every page is on node 0, so under {0: [0], 1: [1]} a
+busy worker pinned to CPU 1 runs remote from its memory (ratio ~1), one pinned
+to CPU 0 local (~0), one taking turns on both about half the time. How the
+memory node is found (numa_maps, then the allowed CPUs) is checked on a
+fixture proc tree.
 """
 from __future__ import annotations
 
@@ -20,7 +27,7 @@ import pytest
 from conftest import require, require_bpf, two_node_sys
 
 from reflexarc.bpf.probe import OK, Selection
-from reflexarc.bpf.sched_numa import SchedNuma
+from reflexarc.bpf.sched_numa import SchedNuma, numa_maps_kb
 from reflexarc.controller.signals import CATALOGUE
 from reflexarc.core.topology import NodeMap, Topology
 
@@ -30,6 +37,30 @@ ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)   # PR_SET_NAME
 time.sleep(0.05)
 while True:
     pass
+"""
+
+
+SLEEPER = r"""
+import ctypes, sys, time
+ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)   # PR_SET_NAME
+time.sleep(60)
+"""
+
+# Named argv[1], busy in 20 ms turns, each on the next CPU of argv[2], sleeping 1 ms after
+# each turn as a loader waits for its next item; pinned before it takes the
+# name, so no watched time runs elsewhere.
+TURNS = r"""
+import ctypes, os, sys, time
+cpus = [int(c) for c in sys.argv[2].split(",")]
+os.sched_setaffinity(0, {cpus[0]})
+ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)   # PR_SET_NAME
+while True:
+    for cpu in cpus:
+        os.sched_setaffinity(0, {cpu})
+        end = time.monotonic() + 0.02
+        while time.monotonic() < end:
+            pass
+        time.sleep(0.001)
 """
 
 
@@ -48,8 +79,8 @@ def move(pid: int, cpu: int) -> None:
 
 
 class Spinner:
-    def __init__(self, comm: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", SPINNER, comm])
+    def __init__(self, comm: str, script: str = SPINNER, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", script, comm, *args])
         self.pid = self.proc.pid
         deadline = time.monotonic() + 10
         while open(f"/proc/{self.pid}/comm").read().strip() != comm:
@@ -240,3 +271,93 @@ def test_fixture_sys_root_declares_the_nodes_the_kernel_counts(tmp_path):
     assert moved >= moves and crossed == moves
     moved, crossed = cross_migrations_of_moves("/sys", moves)
     assert moved >= moves and crossed == 0
+
+
+def remote_ratio(probe: SchedNuma, cpus: str) -> tuple[list[tuple[dict, float]], int]:
+    """The numa_remote_ratio samples of a worker busy on ``cpus`` in turn
+    (``TURNS``) over 0.6 s, and the node the probe finds its memory on."""
+    worker = Spinner("pt_data_worker", TURNS, cpus)
+    try:
+        probe.collect(time.time())
+        time.sleep(0.6)
+        samples = probe.collect(time.time())
+        home = probe.memory_node(worker.pid)
+    finally:
+        worker.stop()
+    return [(labels, v) for name, labels, v in samples
+            if name == "numa_remote_ratio" and labels["pid"] == str(worker.pid)], home
+
+
+@pytest.mark.parametrize("cpus, low, high", [("1", 0.95, 1.0), ("0", 0.0, 0.05), ("0,1", 0.25, 0.75)],
+                         ids=["remote", "local", "half"])
+def test_remote_ratio_is_the_share_of_cpu_time_off_the_memory_node(probe, cpus, low, high):
+    require(len(Topology().nodes()) == 1, "a one-node machine (all memory on node 0)")
+    probe.set_topology(NodeMap({0: [0], 1: [1]}))
+    ratios, home = remote_ratio(probe, cpus)
+    assert home == 0
+    (labels, ratio), = ratios
+    assert low <= ratio <= high, ratio
+    assert labels["job"] == "t-numa" and labels["trainer"] == str(os.getpid())
+
+
+def test_remote_ratio_follows_the_declared_topology(probe):
+    """The same worker on CPU 1 is local once both CPUs are on node 0."""
+    probe.set_topology(NodeMap({0: [0, 1]}))
+    try:
+        ratios, home = remote_ratio(probe, "1")
+    finally:
+        probe.set_topology(NodeMap({0: [0], 1: [1]}))
+    assert home == 0
+    assert [ratio for _, ratio in ratios] == [0.0]
+
+
+def test_idle_process_gets_no_remote_ratio(probe):
+    sleeper = Spinner("pt_data_worker", SLEEPER)
+    try:
+        time.sleep(0.2)
+        probe.collect(time.time())
+        time.sleep(0.3)
+        samples = probe.collect(time.time())
+    finally:
+        sleeper.stop()
+    assert str(sleeper.pid) not in {labels["pid"] for name, labels, _ in samples if name == "numa_remote_ratio"}
+
+
+NUMA_MAPS = """\
+55d0c0000000 default file=/usr/bin/python3.11 mapped=300 mapmax=4 N1=300 kernelpagesize_kB=4
+7f1000000000 default anon=10 dirty=10 active=0 N0=4 N1=6 kernelpagesize_kB=4
+7f1000200000 bind:0 anon=2 dirty=2 N0=2 kernelpagesize_kB=2048
+7f1000600000 default
+7ffd00000000 default stack anon=3 dirty=3 N0=1 N2=2 kernelpagesize_kB=4
+"""
+
+
+def fake_proc(root, pid: int, numa_maps: str | None, allowed: str):
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    if numa_maps is not None:
+        (d / "numa_maps").write_text(numa_maps)
+    (d / "status").write_text(f"Name:\tpt_data_worker\nCpus_allowed:\t3\nCpus_allowed_list:\t{allowed}\n"
+                              "Mems_allowed_list:\t0-1\n")
+
+
+def test_memory_node_from_numa_maps_then_allowed_cpus(tmp_path):
+    proc = tmp_path / "proc"
+    fake_proc(proc, 100, NUMA_MAPS, "1")
+    fake_proc(proc, 101, NUMA_MAPS.replace("kernelpagesize_kB=2048", "kernelpagesize_kB=4"), "0")
+    fake_proc(proc, 102, None, "1")                          # numa_maps unreadable
+    fake_proc(proc, 103, "7f1000600000 default\n", "0")      # no pages on any node
+    fake_proc(proc, 104, None, "0-1")                        # allowed CPUs on two nodes
+    fake_proc(proc, 105, None, "1-2")                        # CPU 2 is on no declared node
+
+    # Pages weigh their size: two 2 MiB pages outweigh 306 small ones.
+    assert numa_maps_kb(str(proc / "100/numa_maps")) == {0: 4 * 4 + 2 * 2048 + 1 * 4, 1: 306 * 4, 2: 2 * 4}
+    assert numa_maps_kb(str(proc / "102/numa_maps")) == {}
+    probe = SchedNuma(topology=NodeMap({0: [0], 1: [1]}), proc_root=str(proc))
+    assert probe.memory_node(100) == 0
+    assert probe.memory_node(101) == 1
+    assert probe.memory_node(102) == 1
+    assert probe.memory_node(103) == 0
+    assert probe.memory_node(104) is None
+    assert probe.memory_node(105) is None
+    assert probe.memory_node(106) is None                   # no such process

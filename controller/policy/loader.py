@@ -30,12 +30,14 @@ from pathlib import Path
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from reflexarc.actuators.specs import SPECS
+from reflexarc.actuators.specs import REPLACED_PARAMS, SPECS, VALUE_CHECKS, netns_ref
+from reflexarc.core.devices import KINDS as DEVICE_KINDS
 from reflexarc.core.dscp import DSCP_NAMES, MAX_DSCP
 from reflexarc.core.durations import DurationError, parse_duration
 from reflexarc.core.params import ActuatorSpec, ParamError, ParamSpec, convert
 from reflexarc.core.ports import EXAMPLE as PORT_EXAMPLE, port_range
 from reflexarc.core.procfs import TASK_COMM_LEN
+from reflexarc.core.rates import RateError, parse_rate
 
 from ..signals import CATALOGUE, SignalSpec, suggest
 from .diagnostics import Diagnostic, PolicyError, errors
@@ -507,6 +509,12 @@ class _FileReader:
         selector_match: dict[str, tuple[str, Node]] = {}
         if "selector" in fields:
             policy.selector, selector_match = self._selector(fields["selector"][1])
+        if "requires" in fields:
+            kinds = self._str_list(fields["requires"][1], "'requires'")
+            for kind, item in kinds:
+                if kind not in DEVICE_KINDS:
+                    self.error(item, f"unknown device '{kind}' in 'requires' (known: {', '.join(DEVICE_KINDS)})")
+            policy.requires = tuple(dict.fromkeys(kind for kind, _ in kinds if kind in DEVICE_KINDS))
         if "rules" in fields:
             value = fields["rules"][1]
             rule_nodes = self._seq(value, "'rules'")
@@ -549,6 +557,21 @@ class _FileReader:
             for iface, item in interfaces:
                 self._check_interface(iface, item)
             selector.interfaces = tuple(iface for iface, _ in interfaces)
+        if "netns" in fields:
+            node = fields["netns"][1]
+            netns = self._text(node, "'netns'")
+            try:
+                selector.netns = netns_ref(netns) if netns is not None else ""
+            except ValueError as exc:
+                self.error(node, f"'netns': {exc}")
+        if "link_speeds" in fields:
+            for iface, key_node, value_node in self._entries(fields["link_speeds"][1], "'link_speeds'") or ():
+                self._check_interface(iface, key_node)
+                value = self._construct(value_node) if _tag(value_node) in ("str", "int", "float") else None
+                try:
+                    selector.link_speeds[iface] = parse_rate(value)
+                except RateError as exc:
+                    self.error(value_node, f"speed of '{iface}': {exc}")
         if "ports" in fields:
             selector.ports = tuple(self._ports(fields["ports"][1], "'ports'"))
         return selector, match
@@ -785,8 +808,10 @@ class _FileReader:
         for name, key_node, value_node in (self._entries(node, "'params'") or ()) if node is not None else ():
             param = spec.param(name)
             if param is None:
+                replaced = REPLACED_PARAMS.get((spec.name, name))
                 names = [p.name for p in spec.params]
-                self.error(key_node, f"actuator '{spec.name}' has no parameter '{name}'{_hint(name, names)}")
+                self.error(key_node, f"actuator '{spec.name}' has no parameter '{name}'"
+                                     + (f" any more; {replaced}" if replaced else _hint(name, names)))
                 continue
             present[name] = key_node
             value = self._param(spec, param, value_node)
@@ -810,10 +835,16 @@ class _FileReader:
         if value is None:
             return None
         try:
-            return convert(param, value)
+            value = convert(param, value)
         except ParamError as exc:
             match = suggest(str(value), map(str, param.choices)) if param.choices else None
             self.error(node, f"{what}: {exc}" + (f"; did you mean '{match}'?" if match else ""))
+            return None
+        check = VALUE_CHECKS.get((spec.name, param.name))
+        try:
+            return check(value) if check else value
+        except ValueError as exc:
+            self.error(node, f"{what}: {exc}")
             return None
 
     def _param_value(self, param: ParamSpec, node: Node, what: str):

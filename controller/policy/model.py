@@ -126,12 +126,15 @@ class Selector:
     pids: tuple[int, ...] = ()
     cgroup: str = ""                                 # cgroup path of the job
     interfaces: tuple[str, ...] = ()
+    netns: str = ""                                  # network namespace of the interfaces; "": the controller's
+    link_speeds: dict[str, int] = field(default_factory=dict)   # interface -> bits/s, for virtual links
     ports: tuple[tuple[int, int], ...] = ()          # inclusive ranges
     loc: Loc | None = None
 
     def to_dict(self) -> dict:
         return {"match": dict(self.match), "processes": list(self.processes), "pids": list(self.pids),
-                "cgroup": self.cgroup, "interfaces": list(self.interfaces),
+                "cgroup": self.cgroup, "interfaces": list(self.interfaces), "netns": self.netns,
+                "link_speeds": dict(self.link_speeds),
                 "ports": [list(p) for p in self.ports]}
 
 
@@ -142,4 +145,5 @@ class Policy:
     description: str = ""
     mode: str = "dry-run"
     selector: Selector = field(default_factory=Selector)
+    requires: tuple[str, ...] = ()   # device kinds (core.devices.KINDS) without which it is idle
     loc: Loc | None = None

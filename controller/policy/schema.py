@@ -27,12 +27,14 @@ import json
 import sys
 from dataclasses import dataclass
 
-from reflexarc.actuators.specs import SPECS
+from reflexarc.actuators.specs import NETNS_PATTERN, SPECS
 from reflexarc.controller.signals import CATALOGUE
+from reflexarc.core.devices import KINDS as DEVICE_KINDS
 from reflexarc.core.dscp import DSCP_NAMES, MAX_DSCP
 from reflexarc.core.durations import DURATION_PATTERN, EXAMPLES as DURATION_EXAMPLES
 from reflexarc.core.params import ActuatorSpec, ParamSpec
 from reflexarc.core.ports import MAX_PORT, PORT_RANGE_PATTERN
+from reflexarc.core.rates import PATTERN as RATE_PATTERN
 
 from .model import AGGREGATIONS, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS
 
@@ -64,6 +66,8 @@ SECTIONS: dict[str, Section] = {
         "mode": "dry-run (default): plan and record only; alert-only: raise an alert instead of acting; "
                 "enforce: apply the actions.",
         "selector": "What the policy may touch, and label matchers applied to every signal it reads.",
+        "requires": "Devices the policy needs (" + ", ".join(DEVICE_KINDS) + "): on a node without them it "
+                    "is idle, and validate says so in a note instead of warning about its signals.",
         "rules": "The rules of this policy, each a condition with its remediation.",
     }, required=("name", "rules")),
     "selector": Section({
@@ -73,6 +77,11 @@ SECTIONS: dict[str, Section] = {
         "pids": "Process ids the actions may touch.",
         "cgroup": "Path of the job's cgroup, e.g. /sys/fs/cgroup/job.slice.",
         "interfaces": "Network interfaces the actions may touch.",
+        "netns": "Network namespace of those interfaces: a name in /run/netns (as 'ip netns list' shows it) "
+                 "or /proc/PID/ns/net. Default: the controller's own.",
+        "link_speeds": "Speed of those interfaces whose reported speed says nothing about their real rate "
+                       "(virtual or shaped links), interface -> rate, e.g. {veth0: 200mbit}; others are read "
+                       "from the link itself.",
         "ports": "L4 ports or 'lo-hi' port ranges of the job's flows, e.g. [\"29500-29510\", 12345].",
     }),
     "rule": Section({
@@ -309,6 +318,7 @@ def build_schema() -> dict:
         "description": {"type": "string"},
         "mode": {"enum": list(MODES), "default": "dry-run"},
         "selector": {"$ref": "#/$defs/selector"},
+        "requires": {"type": "array", "items": {"enum": list(DEVICE_KINDS)}, "uniqueItems": True},
         "rules": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/rule"}},
     }, "One policy.")
     selector = _closed("selector", {
@@ -317,6 +327,10 @@ def build_schema() -> dict:
         "pids": {"type": "array", "items": {"type": "integer", "minimum": 1}},
         "cgroup": {"type": "string", "pattern": "^/"},
         "interfaces": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": IFNAMSIZ - 1}},
+        "netns": {"type": "string", "pattern": NETNS_PATTERN},
+        "link_speeds": {"type": "object", "propertyNames": {"minLength": 1, "maxLength": IFNAMSIZ - 1},
+                        "additionalProperties": {"anyOf": [{"type": "number", "exclusiveMinimum": 0},
+                                                           {"type": "string", "pattern": RATE_PATTERN}]}},
         "ports": _ports(),
     }, SECTIONS["policy"].keys["selector"])
     root = _closed("file", {"policies": {"type": "array", "items": {"$ref": "#/$defs/policy"}}},

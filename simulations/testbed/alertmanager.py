@@ -1,4 +1,5 @@
-"""A real Alertmanager (Debian's ``prometheus-alertmanager``) for tests: started on
+"""A real Alertmanager (Debian's ``prometheus-alertmanager``) for the testbed and
+the tests, the receiver a remediation's escalation alert reaches: started on
 a free loopback port with its own config and storage in a temp dir, ready when
 ``/-/ready`` answers, stopped and removed on exit. Clustering is off.
 

@@ -1,0 +1,94 @@
+"""What produces each catalogued signal, and whether anything can produce it on
+this node: a shipped policy whose signal nothing here emits would wait forever.
+
+A signal's producers are the probes that declare it, the framework hooks, NVML
+(GPU utilisation where a GPU exists) or a PromQL source (a query the operator
+configures against the cluster's Prometheus). ``NodeFacts.why_not`` says why a
+producer cannot run here (no GPU, no RDMA device, the probe's tracepoints are
+missing, no PromQL source configured); ``why_unproduced`` collects that for a signal (``readiness.py``
+turns it into findings about policies).
+
+Example::
+
+    facts = NodeFacts()
+    facts.why_not(Producer("probe", "gpu_submit", device="gpu"))   # "no GPU (no /dev/nvidia<N>)"
+    why_unproduced("gpu_utilization_pct", facts)
+    # "NVML: no GPU (no /dev/nvidia<N>); a PromQL source: no PromQL source configured"
+
+Overhead: on first use per producer, one import of the probe module and its
+attach-point choice (tracefs ``stat``s); then a dictionary look-up.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from reflexarc.bpf import catalog
+from reflexarc.bpf.probe import UNSUPPORTED, KernelFeatures
+from reflexarc.core.devices import Devices
+
+PROBE, HOOKS, NVML, PROMQL = "probe", "hooks", "nvml", "promql"
+
+
+@dataclass(frozen=True)
+class Producer:
+    kind: str          # PROBE, HOOKS, NVML or PROMQL
+    name: str = ""     # the probe's name
+    device: str = ""   # a device kind (core.devices.KINDS) it needs
+
+    def __str__(self) -> str:
+        return {PROBE: f"probe {self.name}", HOOKS: "the framework hooks", NVML: "NVML",
+                PROMQL: "a PromQL source"}[self.kind]
+
+
+class NodeFacts:
+    """What this node can produce; roots and the PromQL configuration injectable."""
+
+    def __init__(self, devices: Devices | None = None, features: KernelFeatures | None = None,
+                 promql: bool = False) -> None:
+        self.devices = devices or Devices()
+        self.features = features or KernelFeatures()
+        self.promql = promql
+        self._cache: dict[Producer, str | None] = {}
+
+    def why_not(self, producer: Producer) -> str | None:
+        """None when ``producer`` can emit here, else the reason."""
+        if producer not in self._cache:
+            self._cache[producer] = self._why_not(producer)
+        return self._cache[producer]
+
+    def _why_not(self, producer: Producer) -> str | None:
+        if producer.device:
+            missing = self.devices.missing(producer.device)
+            if missing:
+                return missing
+        if producer.kind == HOOKS:
+            return None      # the training script serves them (reflexarc.actuators.hooks)
+        if producer.kind == PROMQL:
+            return None if self.promql else "no PromQL source configured"
+        if producer.kind == NVML:
+            return None if importlib.util.find_spec("pynvml") else "NVML bindings (nvidia-ml-py) not installed"
+        if importlib.util.find_spec("bcc") is None:
+            return "bcc is not installed"
+        try:
+            probe = catalog.probe_class(producer.name)(features=self.features)
+        except catalog.ProbeNotAvailable as exc:
+            return str(exc)
+        status = probe.choose_attach_points()
+        return (status.reason or "unsupported") if status.state == UNSUPPORTED else None
+
+
+def producers_of(name: str) -> tuple[Producer, ...]:
+    from .signals import PRODUCERS
+    return PRODUCERS.get(name, ())
+
+
+def why_unproduced(name: str, facts: NodeFacts) -> str | None:
+    """None when some producer of signal ``name`` can emit here, else every reason."""
+    producers = producers_of(name)
+    reasons = [f"{p}: {facts.why_not(p)}" for p in producers]
+    if not producers:
+        return "nothing produces it"
+    if any(facts.why_not(p) is None for p in producers):
+        return None
+    return "; ".join(reasons)

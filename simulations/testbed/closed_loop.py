@@ -1,0 +1,224 @@
+"""The closed loop on the testbed, measured: a real job, a real fault, the real
+controller (``controller.py``), and what it cost and recovered.
+
+Each fault runs on a fresh testbed: the job warms up, the controller starts in
+``enforce`` with the shipped policies (selectors filled in for this testbed),
+a baseline is measured, the fault is injected with a logged onset, the loop
+runs until the policy's outcome is known (verified, or rolled back and
+alerted), the fault stops and the controller shuts down. A state snapshot from
+before the controller started is compared with one after it stopped.
+
+=====  ============  =====================================================
+fault  policy        what happens
+=====  ============  =====================================================
+a      nccl-...      a bulk upload from rank 0 shares the switch's bottleneck
+                     -> DSCP CS1 demotes it -> step time back
+b      starvation    the store's per-request latency rises -> batch wait
+                     -> more DataLoader workers and prefetch via the hook
+c      numa-repin    a CPU hog on CPU 1 (node 1 of a declared two-node
+                     topology) -> worker run-queue and read latency -> re-pin
+d      starvation    the store serves one request at a time (throughput-
+                     capped) -> the hook does not help -> verify fails ->
+                     rollback -> alert to a real Alertmanager
+e      (none)        no fault for ``quiet`` seconds -> no action
+=====  ============  =====================================================
+
+Example::
+
+    result = run_fault("a", out_dir=Path("out/demo"))
+    result["steps_ms"]["remediated"]["median"] / result["steps_ms"]["baseline"]["median"]   # ~1.05
+
+Overhead: the testbed's and the controller's own; one fault takes 1.5-3 min
+(``e``: ``quiet`` + 1 min).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from . import procs
+from .alertmanager import BINARY as ALERTMANAGER, Alertmanager
+from .controller import POLICY_DIR, ControllerProcess, Timeline, fill_selectors, records, write_report
+from .faults import BulkUpload, CpuHog, Nothing, StoreLatency, StoreSerial
+from .state import diff, snapshot
+from .topology import Testbed
+
+FAULTS = {
+    "a": {"name": "bulk upload on the bottleneck", "policy": "nccl-congestion-dscp",
+          "make": lambda tb: BulkUpload(tb), "ends": "verified"},
+    "b": {"name": "store latency 50 ms per request", "policy": "dataloader-starvation",
+          "make": lambda tb: StoreLatency(tb, 50), "ends": "verified"},
+    "c": {"name": "CPU hog beside the DataLoader workers", "policy": "dataloader-numa-repin",
+          "make": lambda tb: CpuHog(tb, cpu=1), "ends": "verified", "two_nodes": True,
+          "baseline": 75.0},       # the policy's 10m baseline counts after 60 s of history
+    "d": {"name": "store serving one request at a time", "policy": "dataloader-starvation",
+          "make": lambda tb: StoreSerial(tb, 20), "ends": "alerted"},
+    "e": {"name": "no fault", "policy": None, "make": lambda tb: Nothing(tb), "ends": None},
+}
+
+
+def two_node_sys(root: Path) -> str:
+    """A sysfs tree declaring CPU 0 as node 0 and CPU 1 as node 1: on a two-core,
+    one-node machine, the closest stand-in for a two-socket host."""
+    for node, cpu in ((0, 0), (1, 1)):
+        d = root / "devices/system/node" / f"node{node}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cpulist").write_text(f"{cpu}\n")
+    cpu_dir = root / "devices/system/cpu"
+    cpu_dir.mkdir(parents=True, exist_ok=True)
+    (cpu_dir / "online").write_text("0-1\n")
+    return str(root)
+
+
+def fills(tb: Testbed, job) -> dict[str, dict]:
+    """Each shipped policy's selector for this testbed: rank 0's data-plane
+    interface in its namespace, the job's cgroup, the bottleneck's speed."""
+    job_cgroup = procs.cgroup2_root() / job.ranks[0].cgroup.rsplit("/", 1)[0]
+    return {"nccl-congestion-dscp": {"interfaces": [tb.rank_iface(0)], "netns": tb.rank_netns(0),
+                                     "cgroup": str(job_cgroup), "link_speeds": {tb.rank_iface(0): tb.rate}}}
+
+
+def phase(job, t0: float, t1: float, started_before: float | None = None) -> dict | None:
+    """Step times of every rank that ended between t0 and t1 (and, given
+    ``started_before``, began before it): median, mean, p10, p90."""
+    steps = job.steps(t0, t1)
+    if started_before is not None:
+        steps = [s for s in steps if s["ts"] - s["step_ms"] / 1000.0 < started_before]
+    values = sorted(s["step_ms"] for s in steps)
+    if not values:
+        return None
+    q = statistics.quantiles(values, n=10) if len(values) > 1 else values * 9
+    return {"median": round(statistics.median(values), 1), "mean": round(statistics.fmean(values), 1),
+            "p10": round(q[0], 1), "p90": round(q[-1], 1), "steps": len(values)}
+
+
+def _wait_for(audit: Path, policy: str, since: float, until: str, timeout: float) -> Timeline:
+    deadline = time.time() + timeout
+    while True:
+        t = Timeline.of(audit, policy, since)
+        if getattr(t, until) is not None or time.time() > deadline:
+            return t
+        time.sleep(0.5)
+
+
+def run_fault(key: str, out_dir: Path, *, baseline: float = 40.0, settle: float = 20.0, quiet: float = 600.0,
+              timeout: float = 150.0, log=print) -> dict:
+    spec = FAULTS[key]
+    baseline = max(baseline, spec.get("baseline", 0.0))
+    out_dir = Path(out_dir) / f"fault-{key}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"fault": key, "name": spec["name"], "policy": spec["policy"]}
+    if not os.path.exists(ALERTMANAGER):
+        raise procs.TestbedError(f"{ALERTMANAGER} is missing: the testbed alerts a real Alertmanager "
+                                 "(Debian package prometheus-alertmanager; make setup installs it)")
+    with Testbed(ranks=2) as tb, Alertmanager() as am:
+        result["testbed"] = tb.prefix
+        job = tb.start_job(duration=None)
+        policy_dir = out_dir / "policies"
+        fill_selectors(POLICY_DIR, policy_dir, fills(tb, job))
+        state_dir = out_dir / "state"
+        _first_steps(job)
+        before = snapshot(tb, job, state_dir)
+        sys_root = two_node_sys(out_dir / "sys") if spec.get("two_nodes") else None
+        ctl = ControllerProcess(policy_dir, state_dir, tb.hook_dir, sys_root=sys_root, job=job.name,
+                                alertmanager_url=am.url)
+        log(f"[{key}] {spec['name']}: controller starting")
+        try:
+            result["armed_s"] = round(ctl.start(), 1)
+            log(f"[{key}] armed in {result['armed_s']} s; baseline {baseline:.0f} s")
+            waited = quiet if key == "e" else baseline
+            time.sleep(waited)
+            fault = spec["make"](tb)
+            onset = fault.start()
+            log(f"[{key}] fault on")
+            if spec["policy"]:
+                t = _wait_for(ctl.audit_path, spec["policy"], onset, spec["ends"], timeout)
+                time.sleep(settle)
+            else:
+                t = Timeline()
+            end = time.time()
+            fault.stop()
+            usage = ctl.usage()
+        finally:
+            summary = ctl.stop()
+        after = _settled(tb, job, state_dir, before)
+        result.update(_result(job, t, onset, end, waited, usage, summary, diff(before, after), ctl.audit_path,
+                              am, spec))
+        job.stop()
+    result["report"] = write_report(ctl.audit_path, out_dir / "report")
+    (out_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _first_steps(job, timeout: float = 60.0) -> None:
+    """Wait until every rank has reported a step (and so its DataLoader settings)."""
+    deadline = time.time() + timeout
+    while not all(job.steps(rank=r.rank) for r in job.ranks):
+        if time.time() > deadline:
+            raise procs.TestbedError(f"no step from every rank within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def _settled(tb, job, state_dir, before: dict, timeout: float = 15.0) -> dict:
+    """The state after the controller stopped, once the job has applied what the
+    shutdown rollback queued for its next step boundary (or after ``timeout``)."""
+    deadline = time.time() + timeout
+    while True:
+        after = snapshot(tb, job, state_dir)
+        if not diff(before, after) or time.time() > deadline:
+            return after
+        time.sleep(1.0)
+
+
+def _result(job, t: Timeline, onset, end, waited, usage, summary, state_diff, audit, am, spec) -> dict:
+    remediated_from = t.verified
+    acted = t.applied or end
+    steps = {"baseline": phase(job, onset - waited + 10, onset),
+             "fault": phase(job, onset + 1, end, started_before=acted),   # begun before the action took effect
+             "remediated": phase(job, remediated_from, end) if remediated_from else None}
+    base = (steps["baseline"] or {}).get("median")
+    ratios = {k: round(v["median"] / base, 2) for k, v in steps.items() if v and base and k != "baseline"}
+    actions = [r for r in records(audit) if r["kind"] == "action"]
+    return {
+        "onset": onset,
+        "after_onset_s": t.after(onset),
+        "actions": t.actions,
+        "actions_total": len(actions),
+        "steps_ms": steps,
+        "ratio_to_baseline": ratios,
+        "controller": {"cpu_pct": round(usage.cpu_pct, 2), "rss_mb": round(usage.rss_mb, 1),
+                       "peak_rss_mb": round(usage.peak_rss_mb, 1), "wall_s": round(usage.wall_s, 1)},
+        "end_summary": {k: summary.get(k) for k in ("transitions", "actions", "applied", "reverted", "errors")},
+        "alerts_at_receiver": [a["labels"].get("alertname", "") for a in am.alerts()] if spec["ends"] else [],
+        "state_diff": state_diff,
+        "audit": str(audit),
+    }
+
+
+def machine() -> dict:
+    return {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "node": platform.node()}
+
+
+def format_table(results: list[dict]) -> str:
+    """The closed-loop figures as the README shows them."""
+    def ms(r, phase):
+        p = r["steps_ms"].get(phase)
+        return f"{p['median']:.0f} ({p['p10']:.0f}-{p['p90']:.0f})" if p else "-"
+
+    def sec(r, step):
+        v = r["after_onset_s"].get(step)
+        return f"{v:.1f}" if v is not None else "-"
+
+    head = ("fault", "baseline ms", "fault ms", "remediated ms", "detected s", "applied s", "verified s",
+            "rolled back s", "alerted s", "ctl CPU %", "ctl RSS MB", "state diff")
+    rows = [head] + [(f"{r['fault']} {r['name']}", ms(r, "baseline"), ms(r, "fault"), ms(r, "remediated"),
+                      sec(r, "pending"), sec(r, "applied"), sec(r, "verified"), sec(r, "rolled_back"),
+                      sec(r, "alerted"), f"{r['controller']['cpu_pct']:.1f}", f"{r['controller']['rss_mb']:.0f}",
+                      str(len(r["state_diff"])) + " lines") for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
