@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from reflexarc.actuators.hooks import Hooks
+from reflexarc.actuators.loader_settings import LoaderSettings
 
 
 class SlowReadDataset(Dataset):
@@ -53,45 +54,6 @@ class SlowReadDataset(Dataset):
         if self.read_s:
             time.sleep(self.read_s)
         return self.x[i], self.y[i]
-
-
-class LoaderSettings:
-    """What the next epoch's DataLoader is built with (``prefetch_factor``,
-    ``num_workers``), with undo to what the job started with. Takes the arguments
-    the shipped ``dataloader-starvation`` policy sends."""
-
-    LIMITS = {"prefetch_factor": (1, 64), "num_workers": (1, 64)}
-
-    def __init__(self, prefetch_factor: int, num_workers: int) -> None:
-        self.current = {"prefetch_factor": prefetch_factor, "num_workers": num_workers}
-        self.original: dict | None = None
-
-    def _wanted(self, args: dict) -> dict:
-        unknown = set(args) - set(self.LIMITS)
-        if unknown or not args:
-            raise ValueError(f"takes {', '.join(self.LIMITS)}; got {', '.join(sorted(args)) or 'nothing'}")
-        wanted = dict(self.current)
-        for key, value in args.items():
-            lo, hi = self.LIMITS[key]
-            if not lo <= int(value) <= hi:
-                raise ValueError(f"{key} {value} outside {lo}..{hi}")
-            wanted[key] = int(value)
-        return wanted
-
-    def set(self, **args) -> dict:
-        wanted = self._wanted(args)
-        if self.original is None:
-            self.original = dict(self.current)
-        self.current = wanted
-        return {**wanted, "original": self.original}
-
-    def restore(self, **_args) -> dict:
-        if self.original is not None:
-            self.current, self.original = self.original, None
-        return dict(self.current)
-
-    def preview(self, **args) -> dict:
-        return {"before": dict(self.current), "after": self._wanted(args)}
 
 
 def say(**fields) -> None:
@@ -127,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     step, epoch, loss = 0, 0, torch.tensor(0.0)
     with hooks:
         while step < args.steps:
-            loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, **settings.current)
+            current, _ = settings.take()          # what the hook last set, for this epoch
+            loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, **current)
             say(event="epoch", epoch=epoch, step=step, prefetch_factor=loader.prefetch_factor,
                 num_workers=loader.num_workers, loss=round(loss.item(), 5))
             waited = time.perf_counter()

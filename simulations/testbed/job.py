@@ -53,6 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 from reflexarc.actuators.hooks import Hooks
+from reflexarc.actuators.loader_settings import LoaderSettings
 
 FEATURES, HIDDEN = 256, 2048
 
@@ -87,55 +88,6 @@ class StoreItems(Dataset):
         if reply.status != 200 or len(body) != self.item_bytes:
             raise OSError(f"item {i}: HTTP {reply.status}, {len(body)} of {self.item_bytes} bytes")
         return torch.frombuffer(bytearray(body), dtype=torch.uint8).view(-1, FEATURES).float().mean(0) / 255.0
-
-
-class LoaderSettings:
-    """``prefetch_factor`` and ``num_workers`` of the DataLoader, with undo to what
-    they replaced; ``take()`` hands a change over to the training loop once."""
-
-    LIMITS = {"prefetch_factor": (1, 64), "num_workers": (1, 64)}
-
-    def __init__(self, prefetch_factor: int, num_workers: int) -> None:
-        self.current = {"prefetch_factor": prefetch_factor, "num_workers": num_workers}
-        self.original: dict | None = None
-        self._changed = False
-        self._lock = threading.Lock()
-
-    def _wanted(self, args: dict) -> dict:
-        unknown = set(args) - set(self.LIMITS)
-        if unknown or not args:
-            raise ValueError(f"takes {', '.join(self.LIMITS)}; got {', '.join(sorted(args)) or 'nothing'}")
-        wanted = dict(self.current)
-        for key, value in args.items():
-            lo, hi = self.LIMITS[key]
-            if not lo <= int(value) <= hi:
-                raise ValueError(f"{key} {value} outside {lo}..{hi}")
-            wanted[key] = int(value)
-        return wanted
-
-    def set(self, **args) -> dict:
-        with self._lock:
-            wanted = self._wanted(args)
-            if self.original is None:
-                self.original = dict(self.current)
-            self.current, self._changed = wanted, True
-            return {**wanted, "original": self.original}
-
-    def restore(self, **_args) -> dict:
-        with self._lock:
-            if self.original is not None:
-                self.current, self.original, self._changed = self.original, None, True
-            return dict(self.current)
-
-    def preview(self, **args) -> dict:
-        with self._lock:
-            return {"before": dict(self.current), "after": self._wanted(args)}
-
-    def take(self) -> tuple[dict, bool]:
-        """The current settings and whether they changed since the last ``take``."""
-        with self._lock:
-            changed, self._changed = self._changed, False
-            return dict(self.current), changed
 
 
 class Feed:
