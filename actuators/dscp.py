@@ -90,6 +90,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from reflexarc.core.cgroups import cgroup2_mounts
 from reflexarc.core.dscp import dscp_name
 from reflexarc.core.params import ParamError, convert
 from reflexarc.core.ports import port_ranges
@@ -441,8 +442,7 @@ def _rule_struct(rule: dict, netns: int, ifindex: int) -> _Rule:
 def _cgroup_id(path: str) -> int:
     """cgroup v2 id (the directory's inode) of a cgroup path, absolute or relative
     to the cgroup2 mount."""
-    mounts = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    roots = [m[4] for m in mounts if "-" in m and m[m.index("-") + 1] == "cgroup2"]
+    roots = [str(m) for m in cgroup2_mounts()]
     if not roots:
         raise PermanentActuatorError("no cgroup2 hierarchy is mounted: cannot match a job's cgroup")
     candidates = [Path(path)] if any(path.startswith(r.rstrip("/") + "/") for r in roots) else \

@@ -24,6 +24,7 @@ from reflexarc.controller.clock import WallClock
 from reflexarc.controller.executor import Executor
 from reflexarc.controller.journal import Journal
 from reflexarc.controller.policy.loader import load_policies
+from reflexarc.core.cgroups import cgroup2_root
 from reflexarc.core.outcomes import Outcome
 
 ETH_P_ALL = 0x0003
@@ -539,14 +540,6 @@ def test_a_change_journaled_with_a_numeric_priority_still_reverts(pair, act, dir
     restarted.revert(record)
     assert tc_state(pair, ifname) == snapshot
     assert act.read_current(target(pair)) == {ifname: {"clsact": False, "filter": False, "rules": []}}
-
-
-def cgroup2_root() -> Path | None:
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        if fields[fields.index("-") + 1] == "cgroup2":
-            return Path(fields[4])
-    return None
 
 
 SENDER = """

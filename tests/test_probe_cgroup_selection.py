@@ -14,13 +14,13 @@ import os
 from pathlib import Path
 
 from conftest import require, require_bpf
-from test_actuator_dscp import cgroup2_root
 from test_probe_gpu_submit import Child as IoctlChild
 
 from reflexarc.bpf.gpu_submit import GpuSubmit
 from reflexarc.bpf.probe import OK, Selection
 from reflexarc.controller.cli import _selection
 from reflexarc.controller.policy.loader import load_policies
+from reflexarc.core.cgroups import cgroup2_root
 
 CALLS = 300
 

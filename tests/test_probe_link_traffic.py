@@ -33,6 +33,7 @@ from reflexarc.bpf.link_traffic import (CLSACT, COUNTERS, FILTER_HANDLE, FILTER_
                                         FILTER_PRIO, TCX, LinkTraffic, Netns, ethtool_speed, tcx_attach,
                                         tcx_detach, tcx_query, tcx_supported)
 from reflexarc.bpf.probe import DEGRADED, OK, STOPPED, UNSUPPORTED, Selection
+from reflexarc.core.cgroups import cgroup2_root
 
 TAG = f"lt{os.getpid() % 10000}"
 JOB_BYTES, OTHER_BYTES = 12 << 20, 5 << 20
@@ -104,14 +105,6 @@ status = LinkTraffic(Selection(interfaces=(sys.argv[1],), netns=sys.argv[2]), le
 print(status.state, " ".join(status.attach_points), flush=True)
 time.sleep(120)
 """
-
-
-def cgroup2_root() -> Path | None:
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        if fields[fields.index("-") + 1] == "cgroup2":
-            return Path(fields[4])
-    return None
 
 
 @pytest.fixture

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from reflexarc.core.cgroups import cgroup2_root as core_cgroup2_root
+
 TAG = "REFLEXARC_TESTBED"
 
 
@@ -49,11 +51,10 @@ def run(*argv: str, check: bool = True) -> str:
 
 def cgroup2_root() -> Path:
     """The cgroup2 mount (``/sys/fs/cgroup/unified`` on a hybrid v1/v2 host)."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        if fields[fields.index("-") + 1] == "cgroup2":
-            return Path(fields[4])
-    raise TestbedError("no cgroup2 hierarchy is mounted: cannot place the job in a cgroup")
+    root = core_cgroup2_root()
+    if root is None:
+        raise TestbedError("no cgroup2 hierarchy is mounted: cannot place the job in a cgroup")
+    return root
 
 
 def make_cgroup(relative: str) -> Path:
