@@ -9,9 +9,13 @@ socket's own view, ``local -> remote``; both ends of a connection on one node
 are two flows. Flows live in an LRU map, so the retransmit total of a flow is
 monotonic while the flow is in it.
 
-Signals: ``tcp_retransmits_total{flow,port}`` (counter) and
-``tcp_srtt_us{flow,port,quantile}``; ``port`` is the selected port of the flow.
-Only ``Selection.ports`` matters; with no ports selected nothing is watched.
+Signals: ``tcp_retransmits_total{flow,port,netns}`` (counter) and
+``tcp_srtt_us{flow,port,netns,quantile}``; ``port`` is the selected port of the
+flow, ``netns`` the network namespace whose socket table holds it
+(``flow_netns.py``: a name under /run/netns, "" for the controller's own), so a
+rule matches the job's namespace and leaves the host's loopback flows on the
+same ports alone. Only ``Selection.ports`` matters; with no ports selected
+nothing is watched.
 
 Example::
 
@@ -19,7 +23,7 @@ Example::
     probe.start()
     for name, labels, value in probe.collect(now=time.time()):
         ...     # ("tcp_retransmits_total", {"flow": "10.0.0.1:29500->10.0.0.2:41234",
-                #                            "port": "29500", ...}, 12)
+                #                            "port": "29500", "netns": "job-ns", ...}, 12)
 
 Overhead: every received TCP segment on the node costs one tracepoint hit and a
 bitmap lookup (~10-20 ns); segments of selected flows add one hash update.
@@ -33,6 +37,7 @@ from collections import defaultdict
 
 from reflexarc.core.signals import SignalSpec
 
+from .flow_netns import FlowNetns
 from .loghist import SLOTS, quantiles
 from .maps import drain
 from .probe import DEGRADED, OK, UNSUPPORTED, Probe, ProbeStatus, Selection
@@ -64,17 +69,18 @@ class NetTcp(Probe):
     name = "net_tcp"
     tier = "light"
     signals = (
-        SignalSpec("tcp_retransmits_total", "1", ("node", "job", "flow", "port"), "counter",
+        SignalSpec("tcp_retransmits_total", "1", ("node", "job", "flow", "port", "netns"), "counter",
                    "TCP retransmissions on selected flows"),
-        SignalSpec("tcp_srtt_us", "us", ("node", "job", "flow", "port", "quantile"), "gauge",
+        SignalSpec("tcp_srtt_us", "us", ("node", "job", "flow", "port", "netns", "quantile"), "gauge",
                    "Smoothed TCP round-trip time on selected flows"),
     )
     fallback_order = ("tracepoints tcp:tcp_retransmit_skb + tcp:tcp_probe",
                       "tracepoint tcp:tcp_retransmit_skb only (no srtt)", "none")
 
     def __init__(self, selection: Selection | None = None, features=None, node: str = "",
-                 max_flows: int = 4096, forget_after: float = 600.0) -> None:
+                 max_flows: int = 4096, forget_after: float = 600.0, netns_of: FlowNetns | None = None) -> None:
         super().__init__(selection, features, node)
+        self.netns_of = netns_of or FlowNetns(str(self.features.procfs))
         self.max_flows = max_flows
         self.forget_after = forget_after
         self._changed: dict[bytes, tuple[int, float]] = {}   # flow key -> (total, when it last moved)
@@ -124,7 +130,9 @@ class NetTcp(Probe):
     def collect(self, now: float) -> list[tuple[str, dict, float]]:
         if self.bpf is None:
             return []
-        return self._retransmits(now) + self._srtt()
+        out = self._retransmits(now) + self._srtt()
+        self.netns_of.forget({labels["flow"] for _, labels, _ in out})
+        return out
 
     def _retransmits(self, now: float) -> list[tuple[str, dict, float]]:
         """Totals of flows on ports still selected; a flow whose total has not
@@ -157,11 +165,12 @@ class NetTcp(Probe):
             f = k.flow
             hists[(bytes(f.saddr), f.sport, bytes(f.daddr), f.dport)][k.slot] = v
         for (saddr, sport, daddr, dport), hist in hists.items():
-            base = {"flow": format_flow(saddr, sport, daddr, dport), "port": self._port_of(sport, dport)}
+            flow = format_flow(saddr, sport, daddr, dport)
+            base = {"flow": flow, "port": self._port_of(sport, dport), "netns": self.netns_of.of(flow)}
             for q, value in quantiles(hist):
                 out.append(("tcp_srtt_us", self.labels(**base, quantile=q), value))
         return out
 
     def _flow_labels(self, k) -> dict:
-        return self.labels(flow=format_flow(bytes(k.saddr), k.sport, bytes(k.daddr), k.dport),
-                           port=self._port_of(k.sport, k.dport))
+        flow = format_flow(bytes(k.saddr), k.sport, bytes(k.daddr), k.dport)
+        return self.labels(flow=flow, port=self._port_of(k.sport, k.dport), netns=self.netns_of.of(flow))

@@ -75,6 +75,55 @@ LOSS_RULESET = """table inet rxloss {
 """
 
 
+def _fake_proc(root, netns_dir, tables: dict[str, dict[int, str]], own: str) -> None:
+    """A procfs with one process per namespace (``tables``: name -> {pid: tcp table
+    text}), each namespace a file whose inode stands in for the namespace's."""
+    netns_dir.mkdir(parents=True, exist_ok=True)
+    for name, procs in tables.items():
+        ns_file = netns_dir / name
+        ns_file.write_text("")
+        for pid, text in procs.items():
+            d = root / str(pid)
+            (d / "net").mkdir(parents=True)
+            (d / "ns").mkdir()
+            (d / "ns" / "net").symlink_to(ns_file)
+            (d / "net" / "tcp").write_text(HEADER + text)
+    (root / "self").symlink_to(root / str(next(iter(tables[own]))))
+
+
+HEADER = "  sl  local_address rem_address   st ...\n"
+
+
+def test_flow_netns_places_flows_by_socket_table(tmp_path):
+    from reflexarc.bpf.flow_netns import AMBIGUOUS, UNKNOWN, FlowNetns, read_flows
+    proc, runns = tmp_path / "proc", tmp_path / "netns"
+    est = "   0: 0200000A:7344 0300000A:A0E2 01 0:0 0:0 0 0 0 1 0\n"     # 10.0.0.2:29508 -> 10.0.0.3:41186
+    lo = "   1: 0100007F:7344 0100007F:C350 01 0:0 0:0 0 0 0 2 0\n"      # 127.0.0.1:29508 -> 127.0.0.1:50000
+    listen = "   2: 00000000:7344 00000000:0000 0A 0:0 0:0 0 0 0 3 0\n"
+    _fake_proc(proc, runns, {"host": {10: lo + listen}, "jobns": {20: est + lo}}, own="host")
+    where = FlowNetns(str(proc), str(runns), min_interval=0.0)
+    # the controller's own namespace is "", a named one its name, a tuple in both ambiguous
+    assert where.of("10.0.0.2:29508->10.0.0.3:41186") == "jobns"
+    assert where.of("127.0.0.1:29508->127.0.0.1:50000") == AMBIGUOUS
+    assert where.of("10.9.9.9:1->10.9.9.8:2") == UNKNOWN
+    assert read_flows(proc / "10" / "net" / "tcp", False) == {"127.0.0.1:29508->127.0.0.1:50000"}  # no listener
+    # a flow whose socket closed keeps its namespace until it is no longer reported
+    (proc / "20" / "net" / "tcp").write_text(HEADER)
+    where.refresh()
+    assert where.of("10.0.0.2:29508->10.0.0.3:41186") == "jobns"
+    where.forget(set())
+    assert where.of("10.0.0.2:29508->10.0.0.3:41186") == UNKNOWN
+
+
+def test_flow_netns_reads_ipv6_and_mapped_addresses(tmp_path):
+    from reflexarc.bpf.flow_netns import read_flows
+    table = tmp_path / "tcp6"
+    # fd99:5::1 port 29500 -> ::ffff:10.0.0.3 port 40000, as the kernel prints them (per-word host order)
+    table.write_text(HEADER + "   0: 050099FD000000000000000001000000:733C "
+                     "0000000000000000FFFF00000300000A:9C40 01 0:0 0:0 0 0 0 1 0\n")
+    assert read_flows(table, True) == {"[fd99:5::1]:29500->10.0.0.3:40000"}
+
+
 def test_port_bitmap_sets_exactly_the_ranges():
     words = port_bitmap([(0, 0), (63, 65), (65535, 65535)])
     assert words[0] == 1 | (1 << 63) and words[1] == 0b11 and words[1023] == 1 << 63
@@ -168,6 +217,9 @@ def test_retransmits_and_srtt_on_selected_port_only():
     assert 1 <= p50 <= p99 < 1_000_000
     server_flow = f"{pair.addr_b}:{SELECTED}->{pair.addr_a}:{sel_port}"
     assert ("tcp_srtt_us", server_flow, "0.5") in flows
+    # Each end is labelled with the namespace whose socket table holds it.
+    assert flows[("tcp_srtt_us", client_flow, "0.5")][0]["netns"] == pair.ns_a
+    assert flows[("tcp_srtt_us", server_flow, "0.5")][0]["netns"] == pair.ns_b
 
     for name, labels, _ in out:
         assert set(labels) <= set(CATALOGUE[name].labels), (name, labels)

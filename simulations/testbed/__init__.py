@@ -18,10 +18,10 @@ Example::
 
 Overhead: importing runs no command and loads no torch (only ``job`` does).
 """
-from .faults import BulkUpload, CpuHog, Fault, Nothing, StoreLatency, StoreSerial
+from .faults import BulkUpload, CpuHog, Fault, Misplaced, Nothing, StoreLatency, StoreSerial
 from .handle import Job
 from .procs import TestbedError
 from .topology import Testbed, residue, sweep
 
-__all__ = ["BulkUpload", "CpuHog", "Fault", "Job", "Nothing", "StoreLatency", "StoreSerial", "Testbed",
+__all__ = ["BulkUpload", "CpuHog", "Fault", "Job", "Misplaced", "Nothing", "StoreLatency", "StoreSerial", "Testbed",
            "TestbedError", "residue", "sweep"]

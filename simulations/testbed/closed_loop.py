@@ -15,8 +15,10 @@ a      nccl-...      a bulk upload from rank 0 shares the switch's bottleneck
                      -> DSCP CS1 demotes it -> step time back
 b      starvation    the store's per-request latency rises -> batch wait
                      -> more DataLoader workers and prefetch via the hook
-c      numa-repin    a CPU hog on CPU 1 (node 1 of a declared two-node
-                     topology) -> worker run-queue and read latency -> re-pin
+c      numa-repin    rank 0 and its workers (which decode, 5 ms of CPU an
+                     item) pinned to CPU 1, node 1 of a declared two-node
+                     topology, beside a CPU hog -> worker read latency and
+                     remote ratio rise -> re-pin the workers to node 0
 d      starvation    the store serves one request at a time (throughput-
                      capped) -> the hook does not help -> verify fails ->
                      rollback -> alert to a real Alertmanager
@@ -43,21 +45,22 @@ from pathlib import Path
 from . import procs
 from .alertmanager import BINARY as ALERTMANAGER, Alertmanager
 from .controller import POLICY_DIR, ControllerProcess, Timeline, fill_selectors, records, write_report
-from .faults import BulkUpload, CpuHog, Nothing, StoreLatency, StoreSerial
+from .faults import BulkUpload, Misplaced, Nothing, StoreLatency, StoreSerial
 from .state import diff, snapshot
 from .topology import Testbed
 
 FAULTS = {
     "a": {"name": "bulk upload on the bottleneck", "policy": "nccl-congestion-dscp",
-          "make": lambda tb: BulkUpload(tb), "ends": "verified"},
+          "make": lambda tb, job: BulkUpload(tb), "ends": "verified"},
     "b": {"name": "store latency 50 ms per request", "policy": "dataloader-starvation",
-          "make": lambda tb: StoreLatency(tb, 50), "ends": "verified"},
-    "c": {"name": "CPU hog beside the DataLoader workers", "policy": "dataloader-numa-repin",
-          "make": lambda tb: CpuHog(tb, cpu=1), "ends": "verified", "two_nodes": True,
+          "make": lambda tb, job: StoreLatency(tb, 50), "ends": "verified"},
+    "c": {"name": "rank 0 on the far node beside a CPU hog", "policy": "dataloader-numa-repin",
+          "make": lambda tb, job: Misplaced(tb, job.ranks[0].pid, cpu=1), "ends": "verified", "two_nodes": True,
+          "job": {"decode_ms": 5.0},   # workers that decode: CPU placement matters to them
           "baseline": 75.0},       # the policy's 10m baseline counts after 60 s of history
     "d": {"name": "store serving one request at a time", "policy": "dataloader-starvation",
-          "make": lambda tb: StoreSerial(tb, 20), "ends": "alerted"},
-    "e": {"name": "no fault", "policy": None, "make": lambda tb: Nothing(tb), "ends": None},
+          "make": lambda tb, job: StoreSerial(tb, 20), "ends": "alerted"},
+    "e": {"name": "no fault", "policy": None, "make": lambda tb, job: Nothing(tb), "ends": None},
 }
 
 
@@ -117,7 +120,7 @@ def run_fault(key: str, out_dir: Path, *, baseline: float = 40.0, settle: float 
                                  "(Debian package prometheus-alertmanager; make setup installs it)")
     with Testbed(ranks=2) as tb, Alertmanager() as am:
         result["testbed"] = tb.prefix
-        job = tb.start_job(duration=None)
+        job = tb.start_job(duration=None, **spec.get("job", {}))
         policy_dir = out_dir / "policies"
         fill_selectors(POLICY_DIR, policy_dir, fills(tb, job))
         state_dir = out_dir / "state"
@@ -132,7 +135,7 @@ def run_fault(key: str, out_dir: Path, *, baseline: float = 40.0, settle: float 
             log(f"[{key}] armed in {result['armed_s']} s; baseline {baseline:.0f} s")
             waited = quiet if key == "e" else baseline
             time.sleep(waited)
-            fault = spec["make"](tb)
+            fault = spec["make"](tb, job)
             onset = fault.start()
             log(f"[{key}] fault on")
             if spec["policy"]:
@@ -148,6 +151,7 @@ def run_fault(key: str, out_dir: Path, *, baseline: float = 40.0, settle: float 
         after = _settled(tb, job, state_dir, before)
         result.update(_result(job, t, onset, end, waited, usage, summary, diff(before, after), ctl.audit_path,
                               am, spec))
+        (out_dir / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in job.steps()))
         job.stop()
     result["report"] = write_report(ctl.audit_path, out_dir / "report")
     (out_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")

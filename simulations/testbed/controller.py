@@ -117,8 +117,11 @@ class ControllerProcess:
         self.stop()
 
     def start(self, timeout: float = 180.0) -> float:
-        """Start and wait until armed; returns the seconds that took."""
+        """Start and wait until armed; returns the seconds that took. The audit
+        starts afresh (a previous run's journal stays, for the controller to
+        reconcile)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.audit_path.unlink(missing_ok=True)
         t0 = time.time()
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=self._log, text=True,
@@ -191,12 +194,21 @@ class Timeline:
 
     @classmethod
     def of(cls, audit: Path, policy: str, since: float) -> "Timeline":
+        """``pending`` may lie before ``since``: a rule already pending then (an
+        epoch-start wait, say) that went on to fire without calming down."""
         t = cls()
+        carried = None                 # a pending episode open at ``since``
         for r in records(audit):
-            if r.get("policy") != policy or r["ts"] < since:
+            if r.get("policy") != policy:
+                continue
+            if r["ts"] < since:
+                if r["kind"] == "transition":
+                    carried = r["ts"] if r["to"] == "pending" else None
                 continue
             if r["kind"] == "transition":
                 to = r["to"]
+                if carried is not None and t.fired is None and to not in ("pending", "firing"):
+                    carried = None     # it calmed before firing: not this episode
                 if to == "pending" and t.pending is None:
                     t.pending = r["ts"]
                 elif to == "firing" and t.fired is None:
@@ -214,6 +226,8 @@ class Timeline:
                     t.rolled_back = r["ts"]
                 elif r["actuator"] == "alert" and r["outcome"] == "notified" and t.alerted is None:
                     t.alerted = r["ts"]
+        if carried is not None and t.fired is not None:
+            t.pending = carried
         return t
 
     def after(self, onset: float) -> dict:

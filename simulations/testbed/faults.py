@@ -10,6 +10,8 @@ returns the wall-clock onset (also written to the testbed's events log) and
 * ``StoreSerial(tb, ms)``: the store serves one request at a time, ``ms`` each.
 * ``CpuHog(tb, cpu)``: a busy loop pinned to ``cpu`` in rank 0's namespace
   (cgroup ``<prefix>/hog``), competing with the DataLoader workers.
+* ``Misplaced(tb, trainer_pid, cpu)``: the hog, and rank 0's training process and
+  workers pinned to that CPU (a rank bound to the wrong node).
 * ``Nothing(tb)``: no fault, for the quiet run.
 
 Example::
@@ -124,6 +126,62 @@ class CpuHog(_Process):
 
     def argv(self) -> list[str]:
         return ["hog", str(self.cpu)]
+
+
+class Misplaced(CpuHog):
+    """Rank 0 bound to the wrong node: its training process (every thread, so the
+    DataLoader workers it forks inherit it) and its current workers pinned to
+    ``cpu``, beside a CPU hog on that CPU. On this two-core host, with CPU 1
+    declared node 1, the closest stand-in for a rank a launcher bound to the far
+    socket. ``stop()`` ends the hog and gives the training process's threads back
+    the affinity they had."""
+    name = "misplaced"
+
+    def __init__(self, tb: Testbed, trainer_pid: int, cpu: int = 1) -> None:
+        super().__init__(tb, cpu)
+        self.trainer_pid = trainer_pid
+        self.saved: dict[int, set[int]] = {}
+
+    def describe(self) -> dict:
+        return {"fault": self.name, "cpu": self.cpu, "trainer": self.trainer_pid}
+
+    def start(self, timeout: float = 15.0) -> float:
+        onset = super().start(timeout)
+        for tid in _threads(self.trainer_pid) + _children(self.trainer_pid):
+            try:
+                self.saved.setdefault(tid, os.sched_getaffinity(tid))
+                os.sched_setaffinity(tid, {self.cpu})
+            except (ProcessLookupError, PermissionError):
+                pass                          # a worker that just exited
+        return onset
+
+    def stop(self) -> float:
+        for tid in _threads(self.trainer_pid):
+            if tid in self.saved:
+                try:
+                    os.sched_setaffinity(tid, self.saved[tid])
+                except ProcessLookupError:
+                    pass
+        self.saved.clear()
+        return super().stop()
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except FileNotFoundError:
+        return []
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for tid in _threads(pid):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except FileNotFoundError:
+            pass
+    return out
 
 
 class _StoreMode(Fault):

@@ -6,7 +6,8 @@ autoencoder 256 -> 2048 -> 256 (1.05 M float32 parameters, 4.2 MB of gradients,
 one DDP bucket), so each step's all-reduce crosses the switch's bottleneck; the
 compute is a few milliseconds. Each item (``--item-kb`` KiB, one HTTP GET on a
 fresh connection) becomes a 256-feature tensor (the mean of its bytes in rows
-of 256). The DataLoader is PyTorch's default kind (``--workers`` 2,
+of 256) after a decode costing ``--decode-ms`` of the worker's CPU (default 0).
+The DataLoader is PyTorch's default kind (``--workers`` 2,
 ``--prefetch`` 2, no persistent workers): every ``--epoch-steps`` steps a new
 iterator forks new ``pt_data_worker`` processes.
 
@@ -36,6 +37,7 @@ over 200 mbit, a few ms of compute, 16 HTTP GETs per rank in the workers.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import http.client
 import json
 import os
@@ -65,11 +67,12 @@ def say(**fields) -> None:
 class StoreItems(Dataset):
     """``count`` samples of this rank's share of the store, starting at sample ``first``."""
 
-    def __init__(self, url: str, items: int, item_bytes: int, rank: int, world: int, first: int, count: int) -> None:
+    def __init__(self, url: str, items: int, item_bytes: int, rank: int, world: int, first: int, count: int,
+                 decode_ms: float = 0.0) -> None:
         parts = urlsplit(url)
         self.host, self.port = parts.hostname, parts.port or 80
         self.items, self.item_bytes, self.rank, self.world = items, item_bytes, rank, world
-        self.first, self.count = first, count
+        self.first, self.count, self.decode_ms = first, count, decode_ms
 
     def __len__(self) -> int:
         return self.count
@@ -87,7 +90,19 @@ class StoreItems(Dataset):
             conn.close()
         if reply.status != 200 or len(body) != self.item_bytes:
             raise OSError(f"item {i}: HTTP {reply.status}, {len(body)} of {self.item_bytes} bytes")
+        decode(body, self.decode_ms)
         return torch.frombuffer(bytearray(body), dtype=torch.uint8).view(-1, FEATURES).float().mean(0) / 255.0
+
+
+def decode(body: bytes, cpu_ms: float) -> None:
+    """What a real pipeline's decode and augmentation cost: hash the item until
+    this thread has spent ``cpu_ms`` of CPU time (so a worker that shares its CPU
+    takes longer in wall time, as a JPEG decode does)."""
+    if cpu_ms <= 0:
+        return
+    end = time.thread_time() + cpu_ms / 1000.0
+    while time.thread_time() < end:
+        hashlib.sha256(body).digest()
 
 
 class Feed:
@@ -109,7 +124,8 @@ class Feed:
     def _rebuild(self, step: int, current: dict) -> None:
         a = self.args
         end = (step // a.epoch_steps + 1) * a.epoch_steps
-        data = StoreItems(a.store, a.items, a.item_kb * 1024, a.rank, a.world, step * a.batch, (end - step) * a.batch)
+        data = StoreItems(a.store, a.items, a.item_kb * 1024, a.rank, a.world, step * a.batch, (end - step) * a.batch,
+                          a.decode_ms)
         loader = DataLoader(data, batch_size=a.batch, num_workers=current["num_workers"],
                             prefetch_factor=current["prefetch_factor"])
         old, self._it = self._it, iter(loader)     # the new workers start before the old ones are shut down
@@ -128,6 +144,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--item-kb", type=int, default=64)
     ap.add_argument("--job", default="testbed")
     ap.add_argument("--hook-dir", default=None, help="default: $REFLEXARC_HOOK_DIR or /run/reflexarc/hooks")
+    ap.add_argument("--decode-ms", type=float, default=0.0, help="CPU time each item's decode costs a worker")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--epoch-steps", type=int, default=100)
     ap.add_argument("--workers", type=int, default=2)

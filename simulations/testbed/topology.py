@@ -310,8 +310,8 @@ class Testbed:
         return self.event(ts=reply["ts"], event="store-mode", mode=mode, ms=ms)
 
     def start_job(self, *, name: str | None = None, workers: int = 2, prefetch: int = 2, batch: int = 16,
-                  epoch_steps: int = 100, steps: int | None = None, duration: float | None = None,
-                  ready_timeout: float = 90.0) -> Job:
+                  epoch_steps: int = 100, decode_ms: float = 0.0, steps: int | None = None,
+                  duration: float | None = None, ready_timeout: float = 90.0) -> Job:
         """Start the training job, one process per rank in its namespace and cgroup,
         and wait until every rank is ready; ``steps`` or ``duration`` ends it (none:
         it runs until ``stop()``)."""
@@ -323,7 +323,8 @@ class Testbed:
                     "--world", str(self.ranks), "--master", f"{self.rank_addr(0)}:{RENDEZVOUS_PORT + n}",
                     "--iface", self.rank_iface(i), "--store", self.store_url, "--items", str(self.items),
                     "--item-kb", str(self.item_kb), "--hook-dir", str(self.hook_dir), "--workers", str(workers),
-                    "--prefetch", str(prefetch), "--batch", str(batch), "--epoch-steps", str(epoch_steps)]
+                    "--prefetch", str(prefetch), "--batch", str(batch), "--epoch-steps", str(epoch_steps),
+                    "--decode-ms", str(decode_ms)]
             argv += ["--steps", str(steps)] if steps else []
             argv += ["--duration", str(duration)] if duration else []
             log = f"job{n}-r{i}"
