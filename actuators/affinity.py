@@ -13,6 +13,14 @@ below ``selector["pids"]`` when those are given). Every thread of each
 recorded the same way, and its workers are followed only while it is the process
 that was planned for.
 
+Refused in every mode, with ``TargetRefused`` naming the pid and why
+(``reflexarc.core.targets``): a target with no process scope (no selector pids
+or cgroup, no ``pid`` or ``trainer`` label: a process name alone would match
+anywhere on the node), the root cgroup, a scope rooted at init, a kernel thread
+or the controller, a named process or training process outside the selector,
+and any process to pin that is init (of any PID namespace), a kernel thread,
+the controller or a child of it. ``refresh`` skips such processes.
+
 The change (plain JSON)::
 
     before = {"cpus": [0, 1] | None,        # the mask all threads share now, None when they differ
@@ -47,9 +55,10 @@ import os
 
 from reflexarc.core.cpus import format_cpulist
 from reflexarc.core.procfs import ProcFS
+from reflexarc.core.targets import ProcessGuard, Refusal, Refused, pid_label
 from reflexarc.core.topology import Topology, TopologyError
 
-from .base import Actuator, Change, PermanentActuatorError, Target, TemporaryActuatorError
+from .base import Actuator, Change, PermanentActuatorError, Target, TargetRefused, TemporaryActuatorError
 from .specs import SPECS
 
 log = logging.getLogger("reflexarc.actuators.affinity")
@@ -73,6 +82,7 @@ class AffinityActuator(Actuator):
 
     def __init__(self, proc_root: str = "/proc", sys_root: str = "/sys") -> None:
         self.procfs = ProcFS(proc_root)
+        self.guard = ProcessGuard(self.procfs)
         self.topology = Topology(sys_root)
 
     # -- selection -----------------------------------------------------------------
@@ -83,14 +93,16 @@ class AffinityActuator(Actuator):
         training process for a target by trainer), ``within`` the selector's pids
         that such a training process must descend from."""
         sel, labels = target.selector, target.labels
-        pid, trainer = labels.get("pid"), labels.get("trainer")
-        trainer = int(trainer) if trainer not in (None, "") else None
+        try:
+            pid, trainer = pid_label(labels, "pid"), pid_label(labels, "trainer")
+        except ValueError as exc:
+            raise PermanentActuatorError(str(exc)) from None
         pids = [int(p) for p in sel.get("pids") or ()]
         return {"comms": tuple(sel.get("processes") or DEFAULT_COMMS),
                 "pids": pids if trainer is None else [trainer],
                 "within": [] if trainer is None else pids,
                 "cgroup": str(sel.get("cgroup") or ""),
-                "pid": int(pid) if pid not in (None, "") else None,
+                "pid": pid,
                 "trainer": trainer}
 
     @staticmethod
@@ -105,6 +117,39 @@ class AffinityActuator(Actuator):
         if scope["cgroup"]:
             words.append(f"in cgroup {scope['cgroup']}")
         return " ".join(words)
+
+    def _outside(self, pid: int, roots: list[int], cgroup: str) -> str | None:
+        """How process ``pid`` lies outside the scope, or None when it is inside."""
+        if roots and not self.procfs.descends_from(pid, roots):
+            return f"not below pids {','.join(map(str, roots))}"
+        if cgroup and not self.procfs.in_cgroup(pid, cgroup):
+            return f"not in cgroup {cgroup}"
+        return None
+
+    def _refuse(self, scope: dict) -> None:
+        """Raise TargetRefused for a scope no plan may use (see the module's docstring)."""
+        if not (scope["pids"] or scope["cgroup"] or scope["pid"] is not None):
+            raise TargetRefused(Refused(
+                Refusal.UNSCOPED, None,
+                f"no process scope: {self._describe_scope(scope)} would match processes anywhere on the node; "
+                "name them by the selector's pids or cgroup, or a target label trainer=PID or pid=PID"))
+        if scope["cgroup"] and self.procfs.cgroup_path(scope["cgroup"]) == "/":
+            raise TargetRefused(Refused(Refusal.UNSCOPED, None, f"cgroup {scope['cgroup']} is the root cgroup: "
+                                                                "every process on the node"))
+        for root in (*scope["pids"], *scope["within"]):
+            refused = self.guard.root(root)
+            if refused is not None:
+                raise TargetRefused(refused)
+        pid = scope["pid"]
+        if pid is None:
+            return
+        refused = self.guard.touch(pid)
+        if refused is not None:
+            raise TargetRefused(refused)
+        owner = self.procfs.tgid(pid)
+        outside = None if owner is None else self._outside(owner, scope["pids"], scope["cgroup"])
+        if outside:
+            raise TargetRefused(Refused(Refusal.OUTSIDE_SELECTOR, pid, f"pid {pid} is outside the selector: {outside}"))
 
     def _workers(self, target: Target) -> list[int]:
         scope = self._scope(target)
@@ -135,14 +180,15 @@ class AffinityActuator(Actuator):
 
     def _trainer(self, scope: dict) -> dict:
         """The training process of a target by trainer as ``{pid, start, comm}``;
-        refuses one that is gone, pid 0/1, or outside the selector's pids."""
+        refuses one that is gone or outside the selector's pids or cgroup."""
         pid = scope["trainer"]
-        start = self.procfs.start_time(pid) if pid > 1 else None
+        start = self.procfs.start_time(pid)
         if start is None:
             raise PermanentActuatorError(f"training process {pid} is not running")
-        if scope["within"] and not self.procfs.descends_from(pid, scope["within"]):
-            raise PermanentActuatorError(f"training process {pid} is not below pids "
-                                         f"{','.join(map(str, scope['within']))}")
+        outside = self._outside(pid, scope["within"], scope["cgroup"])
+        if outside:
+            raise TargetRefused(Refused(Refusal.OUTSIDE_SELECTOR, pid,
+                                        f"training process {pid} is outside the selector: {outside}"))
         return {"pid": pid, "start": start, "comm": self.procfs.comm(pid) or ""}
 
     def _command(self, trainer: dict) -> str:
@@ -205,10 +251,15 @@ class AffinityActuator(Actuator):
         (between epochs): ``refresh`` pins them as they start."""
         cpus, where = self.target_cpus(params)
         scope = self._scope(target)
+        self._refuse(scope)
         trainer = self._trainer(scope) if scope["trainer"] is not None else None
         before = self.read_current(target)
         if not before["processes"] and trainer is None:
             raise PermanentActuatorError(f"no process matches {self._describe_scope(scope)}")
+        for proc in before["processes"]:
+            refused = self.guard.touch(proc["pid"])
+            if refused is not None:
+                raise TargetRefused(refused)
         after = {"cpus": cpus, "processes": _with_mask(before["processes"], cpus)}
         nthreads = sum(len(p["threads"]) for p in before["processes"])
         was = format_cpulist(before["cpus"]) if before["cpus"] is not None else "mixed"
@@ -323,6 +374,10 @@ class AffinityActuator(Actuator):
                     altered = True
             before.append({**proc, "threads": kept})
         for pid in self._workers(change.target) if self._following(change) else ():
+            refused = self.guard.touch(pid)
+            if refused is not None:
+                log.warning("refresh: %s", refused.message)
+                continue
             snap = self._snapshot(pid)
             if snap is None or (snap["pid"], snap["start"]) in recorded:
                 continue

@@ -16,9 +16,12 @@ Labels: the target's labels, then ``alertname`` (``reflexarc_<policy>_<rule>``),
 ``params.labels`` (which may override any of them). The policy and rule names
 come from ``Target.selector["policy"]``/``["rule"]``, else from
 ``Target.labels``; the controller puts them there when it builds the target.
-Annotations: ``summary`` (``params.summary`` or a default) and ``description``
+Annotations: ``summary`` (``params.summary`` or a default), ``description``
 (``params.description`` if given, then one line per evidence item from
-``params.evidence``: the items of the audit format, or plain text).
+``params.evidence``: the items of the audit format, or plain text) and, given
+the controller's ``audit_path``, ``audit`` (that path) and ``report`` (the
+command that writes the report of it), so whoever is paged can read the
+whole decision.
 
 Failures: connection refused, timeouts, HTTP 5xx and 429 are retried with
 tenacity (``attempts``, exponential backoff from ``backoff`` seconds) and end
@@ -84,7 +87,8 @@ class AlertActuator(Actuator):
 
     def __init__(self, alertmanager_url: str | None = None, webhook_url: str | None = None,
                  node: str | None = None, timeout: float = 5.0, attempts: int = 4, backoff: float = 0.25,
-                 resend_interval: float = 60.0) -> None:
+                 resend_interval: float = 60.0, audit_path: str | None = None) -> None:
+        self.audit_path = audit_path
         self.alertmanager_url = alertmanager_url.rstrip("/") if alertmanager_url else None
         self.webhook_url = webhook_url
         self.node = node or os.uname().nodename
@@ -114,8 +118,10 @@ class AlertActuator(Actuator):
         evidence = params.get(EVIDENCE_PARAM) or []
         lines = [str(params["description"])] if params.get("description") else []
         lines += [_evidence_line(item) for item in (evidence if isinstance(evidence, list) else [evidence])]
-        alert = {"labels": labels, "annotations": {"summary": summary, "description": "\n".join(lines)},
-                 "startsAt": _iso(time.time())}
+        annotations = {"summary": summary, "description": "\n".join(lines)}
+        if self.audit_path:
+            annotations.update(audit=self.audit_path, report=f"reflexarc report {self.audit_path} --out DIR")
+        alert = {"labels": labels, "annotations": annotations, "startsAt": _iso(time.time())}
         return Change("alert", target, dict(params), None, alert, f"alert {severity}: {summary} [{target.key()}]")
 
     def apply(self, change: Change) -> None:

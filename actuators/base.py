@@ -24,10 +24,10 @@ from typing import Any, Callable
 
 # The parameter vocabulary lives in the bottom layer; actuators import it from here.
 from reflexarc.core.params import EVIDENCE_PARAM, ActuatorSpec, ParamError, ParamSpec, check_params
-from reflexarc.core.targets import target_key
+from reflexarc.core.targets import Refusal, Refused, target_key
 
 __all__ = ["EVIDENCE_PARAM", "Actuator", "ActuatorError", "ActuatorSpec", "Change", "ParamSpec",
-           "PermanentActuatorError", "Registry", "Target", "TemporaryActuatorError"]
+           "PermanentActuatorError", "Registry", "Target", "TargetRefused", "TemporaryActuatorError"]
 
 
 class ActuatorError(Exception):
@@ -40,6 +40,17 @@ class TemporaryActuatorError(ActuatorError):
 
 class PermanentActuatorError(ActuatorError):
     """Retrying cannot help (bad parameters, missing interface, permission)."""
+
+
+class TargetRefused(PermanentActuatorError):
+    """The planner refuses a target no actuator may act on (init, a kernel thread,
+    the controller, a process outside the selector, no process scope at all):
+    ``reason`` says which, ``pid`` which process, in any mode."""
+
+    def __init__(self, refused: Refused) -> None:
+        super().__init__(refused.message)
+        self.reason: Refusal = refused.reason
+        self.pid = refused.pid
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,27 @@
 
 The script registers named handlers (each with an optional ``undo`` and
 ``preview``), calls ``step_boundary()`` once per training step, and reports its step
-signals. A background thread serves a Unix socket at
-``<hook_dir>/<job>-<rank>-<pid>.sock`` (mode 0600, or 0660 with ``group``) speaking
-JSON lines; every caller is checked with SO_PEERCRED (allowed: the script's own uid,
-root, and ``allowed_uids``). Handler exceptions are returned to the caller as
-errors and never reach the training loop. Standard library only, besides the
-tiny ``reflexarc.core.signals`` that declares the step signals.
+signals. A background thread serves a Unix socket (mode 0600, or 0660 with
+``group``) speaking JSON lines; every caller is checked with SO_PEERCRED (allowed:
+the script's own uid, root, and ``allowed_uids``). Handler exceptions are returned
+to the caller as errors and never reach the training loop. Standard library only,
+besides the tiny ``reflexarc.core.signals`` that declares the step signals.
+
+Where the socket lives (docs/hooks.md says why): the hook directory
+(``/run/reflexarc/hooks``) is root's, mode 0755, so no other user can put a
+socket in it.
+
+- A script running as root serves ``<hook_dir>/<job>-<rank>-<pid>.sock``.
+- Any other user's serves ``<hook_dir>/<job>/<job>-<rank>-<pid>.sock``: a
+  directory root made for that job and user, once, e.g.
+  ``install -d -o alice -m 0700 /run/reflexarc/hooks/llama``. The controller
+  reads the job of a socket there from the directory, and trusts it only while
+  the process serving it (SO_PEERCRED, read on connect) is the directory's
+  owner and has the pid the name gives. Without that directory ``start`` raises
+  ``HookDirError`` saying what to create.
+
+Every reply carries the script's ``pid`` and ``start`` (its start time, field 22
+of ``/proc/<pid>/stat``): a pid that now names another process is told apart.
 
 Example::
 
@@ -34,7 +49,8 @@ Requests (one JSON object per line, one reply line each)::
     {"op": "call", "handler": ..., "args": {...}, "at_step_boundary": true, "timeout": 10}
     {"op": "undo", "handler": ..., "args": {...}, "at_step_boundary": true, "timeout": 10}
     {"op": "signals"}
-    reply: {"ok": true, "instance": "...", ...} or {"ok": false, "kind": KIND, "error": "..."}
+    reply: {"ok": true, "instance": "...", "pid": 812, "start": 91023, ...}
+           or {"ok": false, "kind": KIND, "error": "...", "instance": ..., "pid": ..., "start": ...}
     KIND: refused, unknown_handler, handler_error, timeout, stale, bad_request
 
 Overhead: ``step_boundary()`` with nothing queued costs under a microsecond and
@@ -50,6 +66,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import struct
 import threading
 import time
@@ -58,7 +75,7 @@ from concurrent.futures import CancelledError, Future, TimeoutError as FutureTim
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from reflexarc.core.signals import SignalSpec
+from reflexarc.core.signals import STEP_PRE_COLLECTIVE, SignalSpec
 
 DEFAULT_HOOK_DIR = "/run/reflexarc/hooks"
 STALLED_STEP_MS = 1000.0     # a step running this long (and twice the last) reports its time so far
@@ -68,6 +85,7 @@ SIGNALS = (
     SignalSpec("dataloader_batch_wait_ms", "ms", ("node", "job", "rank"), "gauge",
                "Time the training loop waited for the next batch (framework hook)"),
     SignalSpec("mfu_pct", "%", ("node", "job", "rank"), "gauge", "Model FLOPs utilisation"),
+    STEP_PRE_COLLECTIVE,
 )
 SIGNAL_NAMES = tuple(s.name for s in SIGNALS)
 JOB_CHARS = r"[A-Za-z0-9_.:-]"
@@ -76,8 +94,39 @@ MAX_REQUEST = 1 << 20
 IDLE_TIMEOUT = 60.0     # seconds a connection may sit without a request
 
 
+class HookDirError(RuntimeError):
+    """The script's user has no directory to serve its hooks in."""
+
+
+def own_start_time() -> int:
+    """This process's start time: field 22 of ``/proc/self/stat``, clock ticks after boot."""
+    with open("/proc/self/stat", "rb") as f:
+        return int(f.read().rpartition(b")")[2].split()[19])
+
+
 def socket_name(job: str, rank: int, pid: int) -> str:
     return f"{job}-{int(rank)}-{int(pid)}.sock"
+
+
+def socket_dir(hook_dir: str, job: str, euid: int) -> str:
+    """Where a script of user ``euid`` serves job ``job``'s hooks: the hook
+    directory for root, the job's directory in it for anyone else."""
+    return hook_dir if euid == 0 else os.path.join(hook_dir, job)
+
+
+def _unusable(directory: str, euid: int) -> str | None:
+    """Why a user who is not root cannot serve hooks in ``directory``, or None."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return "does not exist"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != euid:
+        return f"is owned by uid {st.st_uid}, not by this process's uid {euid}"
+    if st.st_mode & 0o022:
+        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
@@ -100,8 +149,10 @@ class Hooks:
         if not JOB_NAME.fullmatch(job):
             raise ValueError(f"job name {job!r} must match {JOB_NAME.pattern}")
         self.job, self.rank, self.pid = job, int(rank), os.getpid()
+        self.start = own_start_time()
         self.hook_dir = hook_dir or os.environ.get("REFLEXARC_HOOK_DIR") or DEFAULT_HOOK_DIR
-        self.path = os.path.join(self.hook_dir, socket_name(job, rank, self.pid))
+        self.socket_dir = socket_dir(self.hook_dir, job, os.geteuid())
+        self.path = os.path.join(self.socket_dir, socket_name(job, rank, self.pid))
         self.instance = secrets.token_hex(8)
         self.allowed_uids = frozenset({os.getuid(), 0, *map(int, allowed_uids)})
         self._group = group
@@ -122,17 +173,27 @@ class Hooks:
     def start(cls, job: str, rank: int = 0, *, hook_dir: str | None = None, group: str | int | None = None,
               allowed_uids: Iterable[int] = ()) -> "Hooks":
         """Create the socket and start serving it. ``group`` (name or gid) makes the
-        socket 0660 and owned by that group; the SO_PEERCRED check still applies."""
+        socket 0660 and owned by that group; the SO_PEERCRED check still applies.
+        Raises HookDirError when a script that is not root has no job directory."""
         hooks = cls(job, rank, hook_dir, group, allowed_uids)
         hooks._listen()
         return hooks
 
     def _listen(self) -> None:
-        os.makedirs(self.hook_dir, mode=0o755, exist_ok=True)
+        euid = os.geteuid()
+        if euid == 0:
+            os.makedirs(self.hook_dir, mode=0o755, exist_ok=True)
+        else:
+            problem = _unusable(self.socket_dir, euid)
+            if problem:
+                raise HookDirError(
+                    f"{self.socket_dir} {problem}: a training process that is not root serves its hooks in a "
+                    f"directory root makes for its job and user, e.g. "
+                    f"'install -d -o {euid} -m 0700 {self.socket_dir}' (see docs/hooks.md)")
         # The mode is set before listen(): nobody can connect while the umask's mode
         # applies. Binding under a private name and renaming replaces a stale socket
         # of the same name (a dead process with this pid) in one step.
-        staging = os.path.join(self.hook_dir, f".{self.instance}.sock")
+        staging = os.path.join(self.socket_dir, f".{self.instance}.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(staging)
@@ -270,7 +331,7 @@ class Hooks:
             pass
 
     def _send(self, conn: socket.socket, reply: dict) -> None:
-        reply.setdefault("instance", self.instance)
+        reply.update(instance=self.instance, pid=self.pid, start=self.start)
         conn.sendall(json.dumps(reply, default=repr).encode() + b"\n")
 
     @staticmethod

@@ -27,6 +27,7 @@ class ActuatorConfig:
     hook_dir: str = "/run/reflexarc/hooks"
     alertmanager_url: str | None = None
     webhook_url: str | None = None
+    audit_path: str | None = None  # the controller's audit log, which an alert points to
     deep_tier: Any = None          # the probe manager that switches the deep tier
 
 
@@ -49,7 +50,8 @@ def build_registry(config: ActuatorConfig) -> Registry:
 
     def alert():
         from .alert import AlertActuator
-        return AlertActuator(alertmanager_url=config.alertmanager_url, webhook_url=config.webhook_url)
+        return AlertActuator(alertmanager_url=config.alertmanager_url, webhook_url=config.webhook_url,
+                             audit_path=config.audit_path)
 
     def framework_hook():
         from .framework_hook import FrameworkHookActuator

@@ -8,16 +8,24 @@ so a reader can resolve its series once and look again only when the
 generation moved; each series counts its appends (``version``), so a reader
 can tell that nothing new arrived without reading the points.
 
+Memory is bounded whatever the sources send: a signal holds at most
+``max_series`` series (a sample that would open one more is refused:
+``Stored.SERIES_LIMIT``; room comes back as silent series expire), and a
+series at most ``max_points`` live points (the oldest one makes room:
+``Stored.SERIES_FULL``). ``publish`` says which happened; the live intake
+counts it.
+
 Example::
 
     bus = SignalBus(retention=600)
-    bus.publish("step_time_ms", {"job": "llama", "rank": "0"}, 180.0, ts=12.0)
+    bus.publish("step_time_ms", {"job": "llama", "rank": "0"}, 180.0, ts=12.0)   # Stored.STORED
     gen, series = bus.generation("step_time_ms"), bus.series("step_time_ms")
     lo, hi = series[0].bounds(since=0.0, until=12.0)      # indices into .ts/.vs
 
 Overhead: O(1) amortised per sample (list append, pruning in halves); a
 window is two binary searches in one series; ``expire``
-walks every series once (the controller calls it every few seconds).
+walks every series once (the controller calls it every few seconds). A series
+with four labels takes ~0.9 KB before its points: a signal at its cap, ~3.5 MB.
 """
 from __future__ import annotations
 
@@ -25,6 +33,19 @@ import bisect
 import math
 import re
 import threading
+from enum import StrEnum
+
+MAX_SERIES = 4_096      # series per signal (e.g. 2 048 processes x 2 quantiles)
+MAX_POINTS = 16_384     # live points per series (a 15-minute retention at 10 samples/s fits)
+
+
+class Stored(StrEnum):
+    """What ``publish`` did with a sample; the two refusals are the ``reason``
+    of ``reflexarc_samples_dropped_total``."""
+
+    STORED = "stored"
+    SERIES_LIMIT = "series_limit"   # it would open a series beyond the signal's cap: not stored
+    SERIES_FULL = "series_full"     # stored; the series' oldest live point was dropped for it
 
 
 def label_key(labels: dict) -> tuple:
@@ -68,7 +89,8 @@ class Series:
     def last_ts(self) -> float:
         return self.ts[-1] if self.ts else -math.inf
 
-    def append(self, ts: float, value: float, horizon: float) -> None:
+    def append(self, ts: float, value: float, horizon: float, max_points: int = MAX_POINTS) -> bool:
+        """Adds a point; False when the oldest live point was dropped to keep ``max_points``."""
         self.version += 1
         if self.ts and ts < self.ts[-1]:        # out of order: keep the lists sorted
             i = bisect.bisect_right(self.ts, ts)
@@ -78,9 +100,13 @@ class Series:
             self.ts.append(ts)
             self.vs.append(value)
         self.head = bisect.bisect_left(self.ts, horizon, self.head)
+        full = len(self.ts) - self.head > max_points
+        if full:
+            self.head = len(self.ts) - max_points
         if self.head > 1024 and self.head * 2 > len(self.ts):
             del self.ts[:self.head], self.vs[:self.head]
             self.head = 0
+        return not full
 
     def bounds(self, since: float, until: float) -> tuple[int, int]:
         """Indices ``lo, hi`` of the points with ``since < ts <= until``."""
@@ -92,13 +118,16 @@ class Series:
 
 
 class SignalBus:
-    def __init__(self, retention: float = 900.0) -> None:
+    def __init__(self, retention: float = 900.0, max_series: int = MAX_SERIES,
+                 max_points: int = MAX_POINTS) -> None:
         self.retention = retention
+        self.max_series = max_series
+        self.max_points = max_points
         self._series: dict[str, dict[tuple, Series]] = {}
         self._generation: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def publish(self, name: str, labels: dict, value: float, ts: float) -> None:
+    def publish(self, name: str, labels: dict, value: float, ts: float) -> Stored:
         key = label_key(labels)
         with self._lock:
             by_name = self._series.get(name)
@@ -106,9 +135,13 @@ class SignalBus:
                 by_name = self._series[name] = {}
             series = by_name.get(key)
             if series is None:
+                if len(by_name) >= self.max_series:
+                    return Stored.SERIES_LIMIT
                 series = by_name[key] = Series(dict(key))
                 self._generation[name] = self._generation.get(name, 0) + 1
-            series.append(ts, float(value), ts - self.retention)
+            if series.append(ts, float(value), ts - self.retention, self.max_points):
+                return Stored.STORED
+            return Stored.SERIES_FULL
 
     def generation(self, name: str) -> int:
         """Changes whenever a series of ``name`` appears or is dropped."""

@@ -5,16 +5,20 @@
     reflexarc test-policies FILE|DIR...      policy unit tests (scenario + expected actions)
     reflexarc report AUDIT --out DIR         HTML/JSON/Markdown report of an audit log
     reflexarc run [--policy P] [--mode M]    the controller on live probes (default dry-run;
-                                             --mode policy honours each file's mode)
+                                             --mode policy honours each file's mode; SIGHUP
+                                             or a changed policy file reloads: reload.py)
     reflexarc probes [--dump-bpf]            each probe's tier, status and attach points
     reflexarc top                            live signals per target
     reflexarc act ACTUATOR key=value...      one actuator by hand, through plan/diff/journal
     reflexarc rollback ID|--all              revert journaled changes
     reflexarc journal                        list journaled changes
 
-Bad input gives one ``error:`` line and a non-zero exit, never a traceback
-(``REFLEXARC_DEBUG=1`` shows it). Overhead: argument parsing only; each command
-imports what it needs.
+Bad input gives one ``error:`` line and exit 1 (2 for a bad command line),
+never a traceback (``REFLEXARC_DEBUG=1`` shows it) and never a wait: intervals
+are finite and > 0, durations finite and >= 0, counts whole and >= 0, paths not
+empty, and an input file is read only when it is a regular file (a FIFO or a
+device is refused before it is opened for reading). Overhead: argument parsing
+only; each command imports what it needs.
 """
 from __future__ import annotations
 
@@ -22,12 +26,14 @@ import argparse
 import json
 import logging
 import os
+import stat
 import sys
 from pathlib import Path
 
 from reflexarc.actuators.base import ActuatorError
 from reflexarc.core.outcomes import Outcome
 
+from .input_files import InputFileError, check_regular, kind_of
 from .policy.model import MODES
 
 DEFAULT_STATE_DIR = "/var/lib/reflexarc"
@@ -61,6 +67,13 @@ def _interval_arg(text: str) -> float:
     return value
 
 
+def _path_arg(text: str) -> str:
+    """An argparse type: a path that is not empty (an empty one would mean the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: name a file or directory")
+    return text
+
+
 def _count_arg(text: str) -> int:
     """An argparse type: a whole number >= 0."""
     if not text.strip().isdigit():
@@ -73,6 +86,15 @@ def _port_arg(text: str) -> int:
     if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"'{text}' is not a port (1-65535)")
     return int(text)
+
+
+def _address_arg(text: str) -> tuple[str, int]:
+    """An argparse type: a listen address, ``[HOST:]PORT`` (loopback without a host)."""
+    from .exporter import parse_address
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _size_mb_arg(text: str) -> float:
@@ -93,15 +115,40 @@ def _paths_or_builtin(paths):
     return [str(BUILTIN_POLICIES)]
 
 
+def _policy_error(exc) -> CliError:
+    """The diagnostics of a ``PolicyError`` on stderr, and the one-line error that closes them."""
+    for d in exc.diagnostics:
+        print(d, file=sys.stderr)
+    return CliError(f"{len([d for d in exc.diagnostics if d.is_error])} error(s) in policy files")
+
+
 def _load_policies(paths):
     from .policy.diagnostics import PolicyError
     from .policy.loader import load_policies
     try:
-        return load_policies(_paths_or_builtin(paths))
+        policies = load_policies(_paths_or_builtin(paths))
     except PolicyError as exc:
-        for d in exc.diagnostics:
-            print(d, file=sys.stderr)
-        raise CliError(f"{len([d for d in exc.diagnostics if d.is_error])} error(s) in policy files") from None
+        raise _policy_error(exc) from None
+    if not policies:
+        raise CliError(f"no policies in {', '.join(_paths_or_builtin(paths))}")
+    return policies
+
+
+def _output_file(path: str, what: str) -> Path:
+    """A path to append to: absent, or a regular file (a FIFO would block, a device swallow it)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):   # to be made (or refused when its directory is)
+        return Path(path)
+    if not stat.S_ISREG(mode):
+        raise CliError(f"{what} {path} is {kind_of(mode)}, not a regular file")
+    return Path(path)
+
+
+def _output_dir(path: str) -> Path:
+    if Path(path).exists() and not Path(path).is_dir():
+        raise CliError(f"--out {path} is not a directory")
+    return Path(path)
 
 
 def _refuse_untrusted(policies, override: str | None) -> None:
@@ -126,12 +173,20 @@ def _actuator_config(args):
                           webhook_url=args.webhook_url)
 
 
-def _node_findings(args, policies, override: str | None = None):
-    """What keeps the policies from working on this node (``readiness.py``)."""
+def _promql(args):
+    """The PromQL source's configuration (``--promql-config``), and what checking
+    it and its queries against Prometheus found (``promql.load_checked``)."""
+    from .promql import load_checked
+    return load_checked(getattr(args, "promql_config", None))
+
+
+def _node_findings(args, policies, override: str | None = None, promql=None):
+    """What keeps the policies from working on this node (``readiness.py``);
+    ``promql``: the PromQL source's configuration, if one is given."""
     from reflexarc.core.devices import Devices
     from .producers import NodeFacts
     from .readiness import findings
-    facts = NodeFacts(Devices(sys_root=args.sys_root))
+    facts = NodeFacts(Devices(sys_root=args.sys_root), promql=promql.signals if promql else False)
     receiver = bool(args.alertmanager_url or args.webhook_url)
     return facts, findings(policies, facts, receiver, override, strict=getattr(args, "strict", False))
 
@@ -144,19 +199,22 @@ def _journal(args, clock=None):
         raise CliError(str(exc)) from None
     except OSError as exc:
         raise CliError(f"cannot open the journal in {args.state_dir}: {exc.strerror or exc}") from None
-    for damage in journal.damaged:
-        print(f"warning: {journal.path}: {damage}: skipped", file=sys.stderr)
+    for warning in journal.warnings:
+        print(warning, file=sys.stderr)
+    if journal.unwritable:
+        print(f"{journal.path}: warning: cannot be written ({journal.unwritable}): "
+              "no new change is applied until it can", file=sys.stderr)
     return journal
 
 
 # --- commands ------------------------------------------------------------------
 def cmd_validate(args) -> int:
     from .policy.loader import validate_paths
-    if any(not path.strip() for path in args.paths):
-        raise CliError("an empty path: name policy files or directories")
     policies, diags = validate_paths(args.paths)
+    promql = _promql(args)
+    diags = diags + promql.diagnostics
     if not any(d.is_error for d in diags):
-        diags = sorted(diags + _node_findings(args, policies)[1])
+        diags = sorted(diags + _node_findings(args, policies, promql=promql.config)[1])
     for d in diags:
         print(d)
     errors = [d for d in diags if d.is_error]
@@ -164,6 +222,27 @@ def cmd_validate(args) -> int:
         print(f"error: {len(errors)} error(s) in {len(args.paths)} path(s)", file=sys.stderr)
         return 1
     print(f"ok: {len(policies)} policies, {sum(len(p.rules) for p in policies)} rules")
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from reflexarc.core.signals import suggest
+    from .explain import explain
+    policies = _load_policies(args.paths)
+    if args.policy_name:
+        names = [p.name for p in policies]
+        policies = [p for p in policies if p.name == args.policy_name]
+        if not policies:
+            hint = suggest(args.policy_name, names)
+            raise CliError(f"no policy '{args.policy_name}' in {', '.join(args.paths)}"
+                           + (f"; did you mean '{hint}'?" if hint else f" (there: {', '.join(names)})"))
+    promql = _promql(args)
+    for finding in promql.diagnostics:
+        print(finding, file=sys.stderr)
+    if any(d.is_error for d in promql.diagnostics):
+        raise CliError(f"{sum(d.is_error for d in promql.diagnostics)} error(s) in {args.promql_config}")
+    facts, _ = _node_findings(args, [], promql=promql.config)   # the node as validate and run see it
+    print(explain(policies, facts, receiver=bool(args.alertmanager_url or args.webhook_url)), end="")
     return 0
 
 
@@ -175,9 +254,10 @@ def cmd_simulate(args) -> int:
         return 0
     from .report import format_summary_table, summarize
     from .simulate import run_scenario
-    out = Path(args.out or f"out/{args.scenario.replace('/', '_')}")
+    out = _output_dir(args.out or f"out/{args.scenario.replace('/', '_')}")
+    policies = _load_policies(args.policy) if args.policy else None
     try:
-        result = run_scenario(args.scenario, args.policy or None, args.mode, out, report=True)
+        result = run_scenario(args.scenario, policies, args.mode, out, report=True)
     except ScenarioError as exc:
         raise CliError(str(exc)) from None
     print(format_summary_table(summarize(result.records)))
@@ -188,17 +268,23 @@ def cmd_simulate(args) -> int:
 
 def cmd_test_policies(args) -> int:
     from .policy_tests import run_policy_tests
-    return run_policy_tests(args.paths, verbose=args.verbose)
+    failed = run_policy_tests(args.paths, verbose=args.verbose)
+    if failed:
+        raise CliError(f"{failed} policy test(s) failed")
+    return 0
 
 
 def cmd_report(args) -> int:
-    from .report import format_summary_table, summarize, write_report
-    audit = Path(args.audit)
-    if not audit.is_file():
-        raise CliError(f"{audit}: no such audit file")
-    paths = write_report(audit, Path(args.out))
-    from .report.audit import load_audit
-    print(format_summary_table(summarize(load_audit(audit))))
+    from .report import format_summary_table, load_audit, write_audit_report
+    check_regular(args.audit)
+    out = _output_dir(args.out)
+    audit = load_audit(args.audit)
+    if audit.record_count == 0:
+        first = f" (line {audit.malformed[0]['line']}: {audit.malformed[0]['reason']})" if audit.malformed else ""
+        raise CliError(f"{args.audit}: not an audit log: no audit record in its "
+                       f"{audit.malformed_count} non-blank line(s){first}")
+    paths, summary = write_audit_report(audit, out, full=args.full)
+    print(format_summary_table(summary))
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0
@@ -237,6 +323,21 @@ def _selection(policies, job: str):
                      link_speeds=tuple(sorted(speeds.items())), traffic_cgroup_ids=tuple(sorted(traffic)))
 
 
+def _metrics_server(args, registry):
+    """The exporter of ``run --metrics-addr`` (``--metrics-port`` is its deprecated
+    loopback form), bound now: an address in use is an error before anything starts."""
+    address = args.metrics_addr or (args.metrics_port and ("127.0.0.1", args.metrics_port))
+    if not address:
+        return None
+    from .exporter import MetricsServer
+    try:
+        return MetricsServer(address, registry)
+    except OSError as exc:
+        host, port = address
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise CliError(f"--metrics-addr {shown}: cannot listen there: {exc.strerror or exc}") from None
+
+
 def cmd_run(args) -> int:
     from reflexarc.actuators.registry import build_registry
     from .audit import AuditLog
@@ -248,30 +349,58 @@ def cmd_run(args) -> int:
     from .producers import NVML, Producer
     from .readiness import idle_reason
     from .sources import HookSource, NvmlSource, ProbeSource, ReplaySource, SourceError
+    import signal
+    from .reload import PolicyFiles, Reloader
+    files = PolicyFiles(_paths_or_builtin(args.policy))   # before the load: a change while starting is reloaded
     policies = _load_policies(args.policy)
     override = None if args.mode == "policy" else args.mode
     _refuse_untrusted(policies, override)
-    facts, findings = _node_findings(args, policies, override)
+    promql = _promql(args)
+    for finding in promql.diagnostics:
+        print(finding, file=sys.stderr)
+    if any(d.is_error for d in promql.diagnostics):
+        raise CliError(f"{sum(d.is_error for d in promql.diagnostics)} error(s) in {args.promql_config}")
+    facts, findings = _node_findings(args, policies, override, promql.config)
     for finding in findings:
         print(finding, file=sys.stderr)
     policies = [p for p in policies if not idle_reason(p, facts)]
+    audit_path = _output_file(args.audit or str(Path(args.state_dir) / "audit.jsonl"), "the audit log")
     clock = WallClock()
     sources = []
     config = _actuator_config(args)
+    config.audit_path = str(Path(audit_path).resolve())
     try:
-        if args.replay:
+        if args.replay is not None:
+            check_regular(args.replay)
             sources.append(ReplaySource(args.replay, clock.now()))
         if facts.why_not(Producer(NVML, device="gpu")) is None:
             sources.append(NvmlSource(job=args.job))
     except SourceError as exc:
         raise CliError(str(exc)) from None
+    from .metrics import ControllerMetrics
+    from .policy.trust import untrusted
+    metrics = ControllerMetrics()
+    server = _metrics_server(args, metrics.registry)
     hook_dir = Path(args.hook_dir)
     if not hook_dir.exists() and os.geteuid() == 0:
-        # training scripts of any user create their sockets here; SO_PEERCRED checks callers
-        hook_dir.mkdir(parents=True)
-        hook_dir.chmod(0o1777)
+        # root's, 0755: a job that is not root serves in HOOK_DIR/JOB, made for its user (docs/hooks.md)
+        umask = os.umask(0o022)
+        try:
+            hook_dir.mkdir(parents=True, mode=0o755)
+        finally:
+            os.umask(umask)
     if hook_dir.is_dir():
-        sources.append(HookSource(args.hook_dir, args.job))
+        unsafe = untrusted(hook_dir)
+        if unsafe:
+            raise CliError(f"hook directory {hook_dir}: {unsafe}: other users could serve forged hook sockets "
+                           f"there; fix: make it and the directories above it root's, writable by root only "
+                           f"(chown root:root {hook_dir} && chmod 0755 {hook_dir}); a job that is not root serves "
+                           f"in {hook_dir}/JOB, made with install -d -o USER -m 0700 (docs/hooks.md)")
+        sources.append(HookSource(args.hook_dir, args.job, policies, metrics.registry))
+    if promql.config is not None:
+        from .promql import PromqlSource
+        sources.append(PromqlSource(promql.config, metrics.registry))
+    manager = None
     if not args.no_probes:
         from reflexarc.bpf.manager import ProbeManager
         manager = ProbeManager(_selection(policies, args.job), interval=args.interval, sys_root=args.sys_root)
@@ -280,14 +409,22 @@ def cmd_run(args) -> int:
         config.deep_tier = manager
         sources.append(ProbeSource(manager, hook_dir=str(hook_dir) if hook_dir.is_dir() else None))
     journal = _journal(args, clock)
-    audit_path = Path(args.audit or Path(args.state_dir) / "audit.jsonl")
-    ctl = Controller(policies, SignalBus(), build_registry(config), clock, mode_override=override,
+    ctl = Controller(policies, SignalBus(), build_registry(config), clock, mode_override=override, metrics=metrics,
                      journal=journal, audit=AuditLog(audit_path, clock, evals="sampled", sample_every=args.audit_sample,
                                                     max_bytes=int(args.audit_max_mb * (1 << 20))),
                      limits=LimitSettings(args.kill_switch, args.max_active, args.actions_per_hour),
                      target_grace=args.target_grace)
+    reloader = Reloader(ctl, files, facts, receiver=bool(args.alertmanager_url or args.webhook_url),
+                        selection=None if manager is None else lambda ps: _selection(ps, args.job))
+    hup = signal.signal(signal.SIGHUP, lambda *_: reloader.request())   # reload at the next tick
     ctl.start(source="live")
-    summary = run_live(ctl, sources, clock, args.interval, args.duration, args.metrics_port)
+    if server is not None:
+        from .exporter import export_live_state
+        export_live_state(metrics.registry, ctl.bus, manager, journal)
+    try:
+        summary = run_live(ctl, sources, clock, args.interval, args.duration, server, reloader=reloader)
+    finally:
+        signal.signal(signal.SIGHUP, hup)
     journal.close()
     print(json.dumps({k: v for k, v in summary.items() if k != "states"}, sort_keys=True))
     print(f"audit: {audit_path}")
@@ -322,8 +459,11 @@ def cmd_probes(args) -> int:
 def cmd_top(args) -> int:
     from .top import run_top
     hook_dir = args.hook_dir if Path(args.hook_dir).is_dir() else None
-    return run_top(_selection(_load_policies(args.policy), args.job), args.interval, args.count,
-                   hook_dir=hook_dir, job=args.job, sys_root=args.sys_root)
+    if args.no_probes and hook_dir is None:
+        raise CliError(f"--no-probes: nothing to show without the hook directory {args.hook_dir}")
+    selection = None if args.no_probes else _selection(_load_policies(args.policy), args.job)
+    return run_top(selection, args.interval, 1 if args.once else args.count, hook_dir=hook_dir, job=args.job,
+                   sys_root=args.sys_root, proc_root=args.proc_root, probes=not args.no_probes)
 
 
 def cmd_act(args) -> int:
@@ -331,6 +471,7 @@ def cmd_act(args) -> int:
     from reflexarc.actuators.registry import build_registry
     from reflexarc.core.params import check_params
     from reflexarc.core.ports import port_ranges
+    from reflexarc.core.targets import pid_label
     from .clock import WallClock
     from .executor import Executor
     config = _actuator_config(args)
@@ -352,12 +493,25 @@ def cmd_act(args) -> int:
         if not sep:
             raise CliError(f"'{item}': parameters are key=value")
         texts[key] = value
+    labels = {}
+    for item in args.label:
+        key, sep, value = item.partition("=")
+        if not (sep and key):
+            raise CliError(f"--label '{item}': labels are key=value, e.g. trainer=4242")
+        labels[key] = value
     try:
         params = check_params(registry.spec(args.actuator), texts)
         ports = port_ranges(args.port)
+        named = [pid for pid in (pid_label(labels, "pid"), pid_label(labels, "trainer")) if pid is not None]
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    labels = dict(kv.partition("=")[::2] for kv in args.label)
+    if any(pid < 1 for pid in args.pid):
+        raise CliError(f"--pid {min(args.pid)} is not a process id (a whole number > 0)")
+    if args.actuator in ("affinity", "framework_hook") and not (args.pid or args.cgroup or args.job or named
+                                                                or labels.get("job")):
+        raise CliError(f"{args.actuator} acts on processes: name the target by --pid PID, --cgroup PATH, "
+                       "--job NAME, --label pid=PID or --label trainer=PID (a process name alone would match "
+                       "processes anywhere on the node)")
     selector = {"match": {"job": args.job} if args.job else {}, "processes": args.process, "pids": args.pid,
                 "cgroup": args.cgroup or "", "interfaces": args.interface, "ports": ports}
     clock = WallClock()
@@ -392,7 +546,6 @@ def _audit_manual(args, clock, target, params, res) -> None:
 
 
 def cmd_rollback(args) -> int:
-    from reflexarc.actuators.base import Change
     from reflexarc.actuators.registry import build_registry
     from .clock import WallClock
     from .executor import Executor
@@ -406,18 +559,25 @@ def cmd_rollback(args) -> int:
         if not entries:
             journal.close()
             raise CliError(f"no open journal entry '{args.id}' (see 'reflexarc journal')")
-    failed = 0
+    failed = unrecorded = 0
     for e in entries:
-        res = ex.revert(Change.from_dict(e.change), e.id, "enforce")
+        res = ex.revert_entry(e)
         summary = e.change.get("summary") or ""
         print(f"{e.id} {e.change['actuator']:14s} {res.outcome}" + (f": {res.error}" if res.error else "")
-              + (f"  ({summary})" if summary else ""))
+              + (f"; {res.unrecorded}" if res.unrecorded else "") + (f"  ({summary})" if summary else ""))
         failed += res.outcome is Outcome.FAILED
+        unrecorded += res.unrecorded is not None
     journal.close()
     if not entries:
         print("nothing to roll back")
-    if failed:
-        raise CliError(f"{failed} change(s) could not be reverted; they stay in the journal")
+    problems = [f"{failed} change(s) could not be reverted; they stay in the journal"] if failed else []
+    if unrecorded:
+        problems.append(f"{journal.path}: {unrecorded} revert(s) could not be recorded; the journal still "
+                        "lists them open, the next start or rollback reverts them again")
+    for problem in problems[:-1]:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        raise CliError(problems[-1])
     return 0
 
 
@@ -451,45 +611,58 @@ def actuators_help() -> str:
 def build_parser() -> Parser:
     p = Parser(prog="reflexarc", description="Closed-loop remediation for training nodes.")
     p.add_argument("-v", "--verbose", action="store_true")
-    p.add_argument("--state-dir", default=os.environ.get("REFLEXARC_STATE_DIR", DEFAULT_STATE_DIR),
+    p.add_argument("--state-dir", type=_path_arg, default=os.environ.get("REFLEXARC_STATE_DIR", DEFAULT_STATE_DIR),
                    help="journal and audit directory (default %(default)s)")
-    p.add_argument("--proc-root", default="/proc")
-    p.add_argument("--sys-root", default="/sys",
+    p.add_argument("--proc-root", type=_path_arg, default="/proc")
+    p.add_argument("--sys-root", type=_path_arg, default="/sys",
                    help="sysfs tree describing the machine: NUMA nodes, online CPUs, PCI devices "
                         "(affinity actuator, sched_numa probe; default %(default)s)")
-    p.add_argument("--hook-dir", default="/run/reflexarc/hooks")
+    p.add_argument("--hook-dir", type=_path_arg, default="/run/reflexarc/hooks")
     p.add_argument("--alertmanager-url", default=os.environ.get("REFLEXARC_ALERTMANAGER_URL"))
     p.add_argument("--webhook-url", default=os.environ.get("REFLEXARC_WEBHOOK_URL"))
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     s = sub.add_parser("validate", help="check policy files, and what keeps them from working on this node")
-    s.add_argument("paths", nargs="+")
+    s.add_argument("paths", nargs="+", type=_path_arg)
     s.add_argument("--strict", action="store_true",
                    help="treat warnings (a signal nothing here produces, an alert with no receiver) as errors")
+    s.add_argument("--promql-config", metavar="FILE",
+                   help="the PromQL source's configuration: its signals count as produced (docs/promql.md)")
     s.set_defaults(fn=cmd_validate)
+
+    s = sub.add_parser("explain", help="say in plain words what each policy will do, when, and what it needs "
+                                       "on this node")
+    s.add_argument("paths", nargs="+", type=_path_arg, metavar="POLICY_FILE_OR_DIR")
+    s.add_argument("--policy-name", metavar="NAME", help="explain only the policy of this name")
+    s.add_argument("--promql-config", metavar="FILE",
+                   help="the PromQL source's configuration: its signals count as produced (docs/promql.md)")
+    s.set_defaults(fn=cmd_explain)
 
     s = sub.add_parser("simulate", help="run a scenario in simulated time")
     s.add_argument("scenario", nargs="?")
     s.add_argument("--list", action="store_true")
-    s.add_argument("--policy", action="append", default=[])
+    s.add_argument("--policy", action="append", default=[], type=_path_arg)
     s.add_argument("--mode", choices=MODES)
-    s.add_argument("--out")
+    s.add_argument("--out", type=_path_arg)
     s.set_defaults(fn=cmd_simulate)
 
     s = sub.add_parser("test-policies", help="run policy unit tests")
-    s.add_argument("paths", nargs="+")
+    s.add_argument("paths", nargs="+", type=_path_arg)
     s.set_defaults(fn=cmd_test_policies)
 
     s = sub.add_parser("report", help="write a report from an audit log")
-    s.add_argument("audit")
-    s.add_argument("--out", required=True)
+    s.add_argument("audit", type=_path_arg)
+    s.add_argument("--out", required=True, type=_path_arg)
+    s.add_argument("--full", action="store_true",
+                   help="full detail: a chart for every target (those that never fired folded away), longer "
+                        "tables; by default the HTML reads at a glance and stays under about 1 MB")
     s.set_defaults(fn=cmd_report)
 
     for name, fn, helptext in (("run", cmd_run, "run the controller on live signals"),
                                ("probes", cmd_probes, "list probes and their status"),
                                ("top", cmd_top, "show live signals")):
         s = sub.add_parser(name, help=helptext)
-        s.add_argument("--policy", action="append", default=[])
+        s.add_argument("--policy", action="append", default=[], type=_path_arg)
         s.add_argument("--job", default="", help="job label attached to probe signals")
         s.add_argument("--interval", type=_interval_arg, default=1.0, metavar="DURATION",
                        help="seconds between collections (default %(default)s)")
@@ -497,10 +670,13 @@ def build_parser() -> Parser:
             s.add_argument("--mode", choices=MODES + ("policy",), default="dry-run",
                            help="overrides every policy's mode (default %(default)s: nothing is changed "
                                 "unless asked); 'policy' honours each file's own mode")
-            s.add_argument("--duration", type=_duration_arg, metavar="DURATION", help="stop after this long")
-            s.add_argument("--replay", help="also replay signals from a JSONL file")
+            s.add_argument("--duration", type=_duration_arg, metavar="DURATION",
+                           help="stop after this long (0: after one tick)")
+            s.add_argument("--replay", type=_path_arg, help="also replay signals from a JSONL file")
+            s.add_argument("--promql-config", metavar="FILE",
+                           help="also evaluate PromQL queries against Prometheus (docs/promql.md)")
             s.add_argument("--no-probes", action="store_true", help="do not load the bcc probes")
-            s.add_argument("--audit", help="audit log path (default STATE_DIR/audit.jsonl)")
+            s.add_argument("--audit", type=_path_arg, help="audit log path (default STATE_DIR/audit.jsonl)")
             s.add_argument("--audit-sample", type=_duration_arg, default=1200.0, metavar="DURATION",
                            help="write a steady rule-target's evaluation at most this often; changes, "
                                 "and every tick on the way to acting, are always written (default %(default)s)")
@@ -509,8 +685,13 @@ def build_parser() -> Parser:
             s.add_argument("--target-grace", type=_duration_arg, default=60.0, metavar="DURATION",
                            help="retire a rule's target this long after its series stopped, beyond the "
                                 "rule's longest window, once it holds nothing (default %(default)s)")
-            s.add_argument("--metrics-port", type=_port_arg, help="serve Prometheus metrics on 127.0.0.1:PORT")
-            s.add_argument("--kill-switch", default="/run/reflexarc/disable")
+            served = s.add_mutually_exclusive_group()
+            served.add_argument("--metrics-addr", type=_address_arg, metavar="[HOST:]PORT",
+                                help="serve Prometheus metrics (rule states, actions, live signals, probes, "
+                                     "journal, loop lag) there; PORT alone is 127.0.0.1:PORT, IPv6 is [ADDR]:PORT")
+            served.add_argument("--metrics-port", type=_port_arg,
+                                help="deprecated: the same as --metrics-addr 127.0.0.1:PORT")
+            s.add_argument("--kill-switch", type=_path_arg, default="/run/reflexarc/disable")
             s.add_argument("--max-active", type=_count_arg, default=4,
                            help="at most this many active remediations on the node (default %(default)s)")
             s.add_argument("--actions-per-hour", type=_count_arg, default=20,
@@ -519,18 +700,26 @@ def build_parser() -> Parser:
             s.add_argument("--dump-bpf", action="store_true", help="print the final C of each probe")
         if name == "top":
             s.add_argument("--count", type=_count_arg, help="refresh this many times, then exit")
+            s.add_argument("--once", action="store_true", help="print one table and exit (the same as --count 1)")
+            s.add_argument("--no-probes", action="store_true",
+                           help="do not load the bcc probes: only the step signals training scripts report "
+                                "through the hook directory")
         s.set_defaults(fn=fn)
 
     s = sub.add_parser("act", help="apply one actuator by hand", epilog=actuators_help(),
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Plan (default), alert about or apply one actuator step, journaled and "
-                                   "audited like the controller's. Parameters are key=value.")
+                                   "audited like the controller's. Parameters are key=value. An actuator that "
+                                   "acts on processes (affinity, framework_hook) needs its target named by "
+                                   "--pid, --cgroup, --job or a pid/trainer label, never by a process name "
+                                   "alone; init, kernel threads and the controller are always refused.")
     s.add_argument("actuator", help="one of the actuators listed below")
     s.add_argument("params", nargs="*", metavar="key=value", help="the actuator's parameters (below)")
     s.add_argument("--mode", choices=("dry-run", "alert-only", "enforce"), default="dry-run",
                    help="dry-run plans and shows the diff (default); enforce journals and applies")
     s.add_argument("--job", default="", help="the job the target belongs to")
-    s.add_argument("--process", action="append", default=[], help="process names it may touch (repeatable)")
+    s.add_argument("--process", action="append", default=[],
+                   help="process names it may touch inside the --pid/--cgroup scope (repeatable)")
     s.add_argument("--pid", action="append", type=int, default=[],
                    help="processes it may touch, with their descendants (repeatable)")
     s.add_argument("--cgroup", help="the job's cgroup path")
@@ -557,11 +746,12 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return args.fn(args)
-    except CliError as exc:
+    except (CliError, InputFileError, ActuatorError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except (ActuatorError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -16,12 +16,20 @@ One run's unexpected error never stops the others: it is logged with its
 traceback, audited, counted in ``reflexarc_rule_errors_total``, and that run
 goes to ``failed`` (then cools down and starts again).
 
+The policy set can be swapped while running (``replace_policies``, driven by
+``reload.py``). A rule is the same rule when its policy name, its name and the
+digest of its definition (``rule_digest``: the rule, its policy's selector and
+the mode it runs in, not where it is written) are: it keeps its slot, so its
+pending timers, active changes and cooldowns go on. The runs of every other
+old rule end as a restart without that rule would end them (``_end``).
+
 Example::
 
     ctl = Controller(policies, bus, registry, SimClock(), journal=None, audit=AuditLog(None, clock))
     ctl.start()                 # reconciles what a previous run left applied
     for t in range(600):
         clock.set(t); ctl.tick()
+    swap = ctl.replace_policies(new_policies, reason="SIGHUP")   # between two ticks
     ctl.shutdown()              # reverts what rules roll back on shutdown
 
 Overhead: per tick and rule, one generation check per signal; per target, one
@@ -30,9 +38,13 @@ pass over the targets for new and silent ones and over the bus for dead series.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import hashlib
+import json
 import logging
 import math
+import threading
 
 from reflexarc.actuators.base import EVIDENCE_PARAM, Registry
 from reflexarc.core.outcomes import TAKEN, Outcome
@@ -45,12 +57,13 @@ from .journal import Journal
 from .lifecycle import ActiveChange, RuleRun, Tally
 from .limits import LimitSettings, NodeLimits
 from .metrics import ControllerMetrics
-from .policy.model import Policy, Rule
+from .policy.model import Policy, Rule, when_tree
 from .targets import RuleTargets
 
 log = logging.getLogger("reflexarc.engine")
 
 HOUSEKEEPING_EVERY = 5.0     # seconds between passes for new, silent and dead targets
+STOP_CHUNK = 256             # rule runs stepped or started between two looks at the stop event
 
 
 def describe_policies(policies: list[Policy]) -> list[dict]:
@@ -65,16 +78,56 @@ def describe_policies(policies: list[Policy]) -> list[dict]:
                 verify = (", ".join(c.describe() for c in conditions_of(r.verify.when))
                           + f" within {r.verify.timeout:g}s")
             rules.append({"name": r.name, "conditions": [c.describe() for c in r.conditions()],
+                          "when": when_tree(r.when), "verify_when": when_tree(r.verify.when) if r.verify else None,
                           "actions": [a.actuator for a in r.actions], "verify": verify, "rollback": rb_text})
         out.append({"name": p.name, "mode": p.mode, "file": p.loc.file if p.loc else None, "rules": rules})
     return out
 
 
-class RuleSlot:
-    """One rule of one policy: its targets on the bus and its runs by target."""
+def rule_digest(policy: Policy, rule: Rule, mode: str) -> str:
+    """What a rule does, as a digest: its definition, its policy's selector and
+    the mode it runs in; not where it is written (locations, comments, the file
+    or the order of files and rules) nor its policy's description."""
+    text = json.dumps([_plain(rule), _plain(policy.selector), mode], sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def __init__(self, bus: SignalBus, policy: Policy, rule: Rule) -> None:
-        self.policy, self.rule = policy, rule
+
+def _plain(value):
+    """``value`` as plain JSON data, without source locations."""
+    if dataclasses.is_dataclass(value):
+        return {"type": type(value).__name__, **{f.name: _plain(getattr(value, f.name))
+                                                 for f in dataclasses.fields(value) if f.name != "loc"}}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_plain(v) for v in value), key=repr)
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySwap:
+    """What ``replace_policies`` did: policies by name, rules as ``policy/rule``."""
+
+    added: tuple[str, ...]          # policies new to the set
+    removed: tuple[str, ...]        # policies no longer in it
+    changed: tuple[str, ...]        # policies in both with a rule added, removed or changed
+    kept_rules: tuple[str, ...]     # rules that kept their state
+    ended_rules: tuple[str, ...]    # rules removed or changed: their runs ended
+    ended_changes: tuple[Outcome, ...]   # what became of those runs' changes: reverted, adopted, ...
+
+    @property
+    def unchanged(self) -> bool:
+        return not (self.added or self.removed or self.changed)
+
+
+class RuleSlot:
+    """One rule of one policy: its targets on the bus and its runs by target;
+    ``identity`` (policy, rule, ``rule_digest``) says whether a reload keeps it."""
+
+    def __init__(self, bus: SignalBus, policy: Policy, rule: Rule, identity: tuple[str, str, str]) -> None:
+        self.policy, self.rule, self.identity = policy, rule, identity
         self.targets = RuleTargets(bus, policy, rule)
         self.runs: dict[tuple, RuleRun] = {}
         self.retire_after = max((c.window for c in rule.conditions()), default=0.0)
@@ -99,7 +152,7 @@ class Controller:
         self.target_grace = target_grace
         self.min_history = min_history
         self.held = Tally()
-        self.slots = [RuleSlot(bus, p, r) for p in policies for r in p.rules]
+        self.slots = [RuleSlot(bus, p, r, self._identity(p, r)) for p in policies for r in p.rules]
         self.runs: dict[tuple[str, str, str], RuleRun] = {}
         self._housekept = -math.inf
 
@@ -120,20 +173,24 @@ class Controller:
                              error=res.error, note="reconciled at start")
         if self.journal is not None:
             self.journal.compact()
-        self._prepare_actuators()
+        self._prepare_actuators(self._enforced_actuators())
         return results
 
-    def _prepare_actuators(self) -> None:
+    def _enforced_actuators(self) -> set[str]:
+        return {a.actuator for p in self.policies if self.mode_for(p) == "enforce" for r in p.rules for a in r.actions}
+
+    def _prepare_actuators(self, names: set[str]) -> None:
         """Ready the actuators that enforcing policies use, so the first incident
         does not wait for a compile; a failure here is left for that action to report."""
-        names = {a.actuator for p in self.policies if self.mode_for(p) == "enforce" for r in p.rules for a in r.actions}
         for name in sorted(names):
             try:
                 self.registry.get(name).prepare()
             except Exception as exc:  # noqa: BLE001 - the first action says what is wrong
                 log.warning("actuator %s not prepared: %s", name, exc)
 
-    def tick(self, now: float | None = None) -> None:
+    def tick(self, now: float | None = None, stop: threading.Event | None = None) -> None:
+        """One pass over every rule; with ``stop`` (a ``threading.Event``), it
+        returns early once that is set, looking every ``STOP_CHUNK`` runs."""
         now = self.clock.now() if now is None else now
         self.metrics.kill_switch.set(1 if self.limits.kill_switch_engaged() else 0)
         housekeeping = now - self._housekept >= HOUSEKEEPING_EVERY
@@ -144,10 +201,12 @@ class Controller:
         for slot in self.slots:
             try:
                 if slot.targets.resolve_if_changed() or housekeeping:
-                    self._sync(slot, now)
+                    self._sync(slot, now, stop)
             except Exception as exc:
                 self._contain(slot.policy.name, slot.rule.name, "*", exc, None)
-            for run in list(slot.runs.values()):
+            for i, run in enumerate(list(slot.runs.values())):
+                if stop is not None and i % STOP_CHUNK == 0 and stop.is_set():
+                    return
                 try:
                     run.step(now)
                 except Exception as exc:
@@ -155,10 +214,13 @@ class Controller:
         self.metrics.active.set(self.active_count())
         self.metrics.targets.set(len(self.runs))
 
-    def _sync(self, slot: RuleSlot, now: float) -> None:
+    def _sync(self, slot: RuleSlot, now: float, stop: threading.Event | None = None) -> None:
         """Start runs for fresh targets; retire silent ones that hold nothing."""
         targets = slot.targets
-        for key in targets.groups:
+        for i, key in enumerate(targets.groups):
+            if stop is not None and i % STOP_CHUNK == 0 and stop.is_set():
+                self._housekept = -math.inf     # cut short: the next tick syncs every slot
+                return
             if key not in slot.runs and (not key or targets.fresh(key, now)):
                 run = slot.runs[key] = RuleRun(self, slot.policy, slot.rule, targets, key)
                 self.runs[(slot.policy.name, slot.rule.name, run.target_key)] = run
@@ -167,13 +229,14 @@ class Controller:
             if key and run.retirable() and now - run.last_seen() > slot.retire_after + self.target_grace:
                 self._retire(slot, key, run)
 
-    def _retire(self, slot: RuleSlot, key: tuple, run: RuleRun) -> None:
+    def _retire(self, slot: RuleSlot, key: tuple, run: RuleRun, note: str | None = None) -> None:
         del slot.runs[key]
         del self.runs[(slot.policy.name, slot.rule.name, run.target_key)]
         self.metrics.forget(slot.policy.name, slot.rule.name, run.target_key)
         self.audit.forget(run.scope_key)
         self.audit.write("retire", policy=slot.policy.name, rule=slot.rule.name, target=run.target_key,
-                         target_labels=run.labels, state=run.state, last_seen=run.last_seen())
+                         target_labels=run.labels, state=run.state, last_seen=run.last_seen(),
+                         **({"note": note} if note else {}))
 
     def _contain(self, policy: str, rule: str, target: str, exc: Exception, run: RuleRun | None) -> None:
         log.error("%s/%s/%s raised; it goes to failed, the other rules go on", policy, rule, target,
@@ -187,6 +250,75 @@ class Controller:
             except Exception:
                 run.machine.set_state("failed")
                 self.metrics.state(policy, rule, target, "failed")
+
+    # --- a new policy set ---------------------------------------------------------
+    def _identity(self, policy: Policy, rule: Rule) -> tuple[str, str, str]:
+        return policy.name, rule.name, rule_digest(policy, rule, self.mode_for(policy))
+
+    def replace_policies(self, policies: list[Policy], reason: str) -> PolicySwap:
+        """Run ``policies`` from now on; call it between two ticks. A rule of the
+        same identity keeps its slot (targets, runs, timers, changes, cooldowns);
+        the runs of every other old rule end (``_end``) after a ``reload`` record."""
+        old = {slot.identity: slot for slot in self.slots}
+        slots, kept, fresh = [], [], []
+        for p in policies:
+            for r in p.rules:
+                identity = self._identity(p, r)
+                slot = old.pop(identity, None)
+                if slot is None:
+                    slot = RuleSlot(self.bus, p, r, identity)
+                    fresh.append(slot)
+                else:
+                    kept.append(slot)
+                slots.append(slot)
+        ended = list(old.values())
+        before, after = {p.name for p in self.policies}, {p.name for p in policies}
+        diff = dict(added=tuple(sorted(after - before)), removed=tuple(sorted(before - after)),
+                    changed=tuple(sorted({s.policy.name for s in ended + fresh} & before & after)),
+                    kept_rules=tuple(f"{s.policy.name}/{s.rule.name}" for s in kept),
+                    ended_rules=tuple(f"{s.policy.name}/{s.rule.name}" for s in ended))
+        self.audit.write("reload", reason=reason, outcome="ok", **{k: list(v) for k, v in diff.items()},
+                         policies=describe_policies(policies))
+        prepared = self._enforced_actuators()
+        self.policies, self.slots = policies, slots
+        now, names, outcomes = self.clock.now(), {(s.policy.name, s.rule.name) for s in slots}, []
+        for slot in ended:
+            note = f"rule {'changed' if slot.identity[:2] in names else 'removed'} at reload"
+            outcomes += self._end(slot, now, note)
+        self._prepare_actuators(self._enforced_actuators() - prepared)
+        self.metrics.active.set(self.active_count())
+        self.metrics.targets.set(len(self.runs))
+        return PolicySwap(**diff, ended_changes=tuple(outcomes))
+
+    def _end(self, slot: RuleSlot, now: float, note: str) -> list[Outcome]:
+        """End the runs of a rule that was removed or changed, as a restart without
+        it would: its changes are reverted if it rolls back on shutdown or reverts
+        on restart, else (``on_restart: adopt``) they stay applied and journaled, for
+        the next start to adopt or ``reflexarc rollback`` to revert; its alerts are
+        resolved; each run is retired. Returns what became of each change."""
+        rb = slot.rule.rollback
+        revert = "shutdown" in rb.on or rb.on_restart == "revert"
+        outcomes = []
+        for key, run in list(slot.runs.items()):
+            run.now = now
+            try:
+                for ac in reversed(list(run.changes)):
+                    res = (self.executor.revert(ac.change, ac.journal_id, ac.mode) if revert or ac.mode != "enforce"
+                           else StepResult(Outcome.ADOPTED, ac.change, ac.journal_id))
+                    self.audit_action(run, ac.step, ac.change, res.outcome, ac.journal_id, res.error, ac.mode,
+                                      note=note)
+                    if res.outcome is Outcome.FAILED:
+                        log.error("%s: %s; the journal keeps the change for the next start or 'reflexarc "
+                                  "rollback'", run.scope_key, res.error)
+                    outcomes.append(res.outcome)
+                    run.changes.remove(ac)
+                self.resolve_notices(run)
+            except Exception as exc:
+                self._contain(slot.policy.name, slot.rule.name, run.target_key, exc, None)
+            for ac in list(run.changes):    # what an error left: the journal still holds it
+                run.changes.remove(ac)
+            self._retire(slot, key, run, note=note)
+        return outcomes
 
     def shutdown(self) -> None:
         """Revert what rules roll back on shutdown; leave the rest to the journal."""
@@ -225,14 +357,16 @@ class Controller:
                              target=run.target_key, target_labels=run.labels,
                              values=run.verify_evidence if verify else run.evidence)
 
-    def audit_action(self, run: RuleRun, step, change, outcome: str, jid, error, mode: str | None = None) -> None:
+    def audit_action(self, run: RuleRun, step, change, outcome: str, jid, error, mode: str | None = None,
+                     note: str | None = None) -> None:
         mode = mode or run.mode
         actuator = change.actuator if change else run.rule.actions[step].actuator
         self.metrics.action(run.policy.name, run.rule.name, actuator, mode, outcome)
         self.audit.write("action", policy=run.policy.name, rule=run.rule.name, target=run.target_key,
                          target_labels=run.labels, mode=mode, step=step, actuator=actuator,
                          params=change.params if change else run.rule.actions[step].params, outcome=outcome,
-                         change=_change_view(change), journal_id=jid, error=error)
+                         change=_change_view(change), journal_id=jid, error=error,
+                         **({"note": note} if note else {}))
 
     def run_action(self, run: RuleRun, step: int, action) -> StepResult:
         mode = run.mode

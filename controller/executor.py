@@ -2,10 +2,14 @@
 
 ``enforce`` journals the intent, applies (temporary errors retried with tenacity,
 bounded), journals ``applied``; a failed apply is reverted before the error is
-reported, so nothing is left half-applied. ``dry-run`` stops after the plan and
-returns the diff. ``alert-only`` stops after the plan and raises an alert that
-describes the change instead. Notify-only actuators (alert, log) send in
-``enforce`` and ``alert-only`` and only plan in ``dry-run``.
+reported, so nothing is left half-applied. A journal that cannot take the intent
+refuses the step before anything is applied (``FAILED``, "refused before apply");
+a later step it cannot take (``applied``, ``reverted``) is named in
+``unrecorded``: the system change was made, the journal still shows it open.
+``dry-run`` stops after the plan and returns the diff. ``alert-only`` stops
+after the plan and raises an alert that describes the change instead.
+Notify-only actuators (alert, log) send in ``enforce`` and ``alert-only`` and
+only plan in ``dry-run``.
 
 Example::
 
@@ -30,7 +34,7 @@ from reflexarc.actuators.base import (ActuatorError, Change, PermanentActuatorEr
 
 from reflexarc.core.outcomes import Outcome
 
-from .journal import Journal
+from .journal import Entry, Journal, JournalWriteError
 
 log = logging.getLogger("reflexarc.executor")
 
@@ -44,6 +48,7 @@ class StepResult:
     journal_id: str | None = None
     error: str | None = None
     notice: Change | None = None   # an alert sent by this step, to resolve when the rule clears
+    unrecorded: str | None = None  # the journal step this change could not record
 
 
 @dataclass
@@ -118,20 +123,31 @@ class Executor:
 
     def _apply(self, change: Change, policy: str, rule: str, on_restart: str) -> StepResult:
         act = self.registry.get(change.actuator)
-        jid = self.journal.intent(change.to_dict(), policy, rule, on_restart) if self.journal else None
+        try:
+            jid = self.journal.intent(change.to_dict(), policy, rule, on_restart) if self.journal else None
+        except JournalWriteError as exc:     # the intent must be durable before the change
+            return StepResult(Outcome.FAILED, change, error=f"refused before apply: {exc}")
         self._fault("after-intent")
         try:
             self._retrying(act.apply, change)
         except ActuatorError as exc:
             undone = self._undo_partial(act, change)
-            if jid:
-                self.journal.mark(jid, Outcome.FAILED if undone else "intent",
-                                  note=f"apply failed: {exc}" + ("" if undone else "; revert failed"))
-            return StepResult(Outcome.FAILED, change, jid, str(exc))
-        if jid:
-            self.journal.mark(jid, Outcome.APPLIED)
+            unrecorded = self._record(jid, Outcome.FAILED if undone else "intent",
+                                      note=f"apply failed: {exc}" + ("" if undone else "; revert failed"))
+            return StepResult(Outcome.FAILED, change, jid, str(exc), unrecorded=unrecorded)
+        unrecorded = self._record(jid, Outcome.APPLIED)
         self._fault("after-apply")
-        return StepResult(Outcome.APPLIED, change, jid)
+        return StepResult(Outcome.APPLIED, change, jid, unrecorded=unrecorded)
+
+    def _record(self, journal_id: str | None, state: str, note: str = "", change: dict | None = None) -> str | None:
+        """Journal a step of what was already done; what could not be recorded, or None."""
+        if not (journal_id and self.journal):
+            return None
+        try:
+            self.journal.mark(journal_id, state, note, change)
+        except JournalWriteError as exc:
+            return f"not recorded: {exc}"
+        return None
 
     def _undo_partial(self, act, change: Change) -> bool:
         try:
@@ -149,9 +165,8 @@ class Executor:
         except ActuatorError as exc:
             log.warning("cannot tell whether the target of %s exists: %s", change.actuator, exc)
             return None
-        if journal_id and self.journal:
-            self.journal.mark(journal_id, Outcome.TARGET_GONE, note=f"{change.target.key()} no longer exists")
-        return StepResult(Outcome.TARGET_GONE, change, journal_id)
+        unrecorded = self._record(journal_id, Outcome.TARGET_GONE, note=f"{change.target.key()} no longer exists")
+        return StepResult(Outcome.TARGET_GONE, change, journal_id, unrecorded=unrecorded)
 
     def refresh(self, change: Change, journal_id: str | None, mode: str) -> StepResult | None:
         """While a change is active: ``TARGET_GONE`` when its target no longer
@@ -169,9 +184,8 @@ class Executor:
             return None
         if grown is None:
             return None
-        if journal_id and self.journal:
-            self.journal.mark(journal_id, Outcome.APPLIED, note="refreshed", change=grown.to_dict())
-        return StepResult(Outcome.APPLIED, grown, journal_id)
+        unrecorded = self._record(journal_id, Outcome.APPLIED, note="refreshed", change=grown.to_dict())
+        return StepResult(Outcome.APPLIED, grown, journal_id, unrecorded=unrecorded)
 
     def revert(self, change: Change, journal_id: str | None, mode: str) -> StepResult:
         if mode != "enforce":
@@ -184,9 +198,20 @@ class Executor:
             self._retrying(act.revert, change)
         except ActuatorError as exc:
             return StepResult(Outcome.FAILED, change, journal_id, f"revert: {exc}")
-        if journal_id and self.journal:
-            self.journal.mark(journal_id, Outcome.REVERTED)
-        return StepResult(Outcome.REVERTED, change, journal_id)
+        return StepResult(Outcome.REVERTED, change, journal_id, unrecorded=self._record(journal_id, Outcome.REVERTED))
+
+    def revert_entry(self, entry: Entry) -> StepResult:
+        """Revert a journaled change. One this node cannot revert (an actuator it
+        lacks, a record its actuator cannot read) fails alone; the entry stays open."""
+        change = Change.from_dict(entry.change)
+        try:
+            return self.revert(change, entry.id, "enforce")
+        except PermanentActuatorError as exc:   # e.g. the actuator is not available here
+            return StepResult(Outcome.FAILED, change, entry.id, str(exc))
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+            return StepResult(Outcome.FAILED, change, entry.id,
+                              f"revert: the journaled change is not one {change.actuator} can read "
+                              f"({type(exc).__name__}: {exc})")
 
     def resolve(self, notice: Change) -> StepResult:
         """Resolve an alert this controller raised (its condition cleared)."""
@@ -198,8 +223,7 @@ class Executor:
 
     def release(self, journal_id: str | None, state: str) -> None:
         """Close a journal entry without reverting (``kept`` for rollback: never)."""
-        if journal_id and self.journal:
-            self.journal.mark(journal_id, state)
+        self._record(journal_id, state)
 
     def reconcile(self) -> list[tuple[str, StepResult]]:
         """Revert (or adopt) what a previous process left applied. Returns per entry."""
@@ -207,15 +231,11 @@ class Executor:
             return []
         results = []
         for entry in self.journal.open_entries():
-            change = Change.from_dict(entry.change)
             if entry.on_restart == "adopt" and entry.state == Outcome.APPLIED:
                 # stays open: ``rollback`` can still revert it, the next start adopts it again
-                self.journal.mark(entry.id, Outcome.APPLIED, note="adopted by a restarted controller")
-                results.append((entry.id, StepResult(Outcome.ADOPTED, change, entry.id)))
+                unrecorded = self._record(entry.id, Outcome.APPLIED, note="adopted by a restarted controller")
+                results.append((entry.id, StepResult(Outcome.ADOPTED, Change.from_dict(entry.change), entry.id,
+                                                     unrecorded=unrecorded)))
                 continue
-            try:
-                res = self.revert(change, entry.id, "enforce")
-            except PermanentActuatorError as exc:   # e.g. the actuator is not available here
-                res = StepResult(Outcome.FAILED, change, entry.id, str(exc))
-            results.append((entry.id, res))
+            results.append((entry.id, self.revert_entry(entry)))
         return results

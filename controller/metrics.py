@@ -3,19 +3,24 @@
 The rule lifecycle state is an Enum per (policy, rule, target), removed when
 the controller retires the target; would-have-acted
 counts (dry-run and alert-only) are metrics too, so a fleet can see what
-enforcement would do before switching it on.
+enforcement would do before switching it on. Samples that never reached the
+bus are counted by signal and reason (rejected values and timestamps, drops
+at a bound; see ``intake.py``). The live loop's lag (how late a tick started
+against its schedule) is the last one's and a histogram of all. What is read
+at scrape time (signals, probes, journal) is added by ``exporter.py``.
 
 Example::
 
     m = ControllerMetrics(CollectorRegistry())
     m.state("p", "r", "pid=1", "firing")
     m.action("p", "r", "affinity", "dry-run", "planned")
+    m.loop_lag(0.003)
 
 Overhead: a dictionary look-up and a lock per update.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Enum, Gauge
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 
 from reflexarc.core.outcomes import WOULD_HAVE_ACTED
 
@@ -43,6 +48,12 @@ class ControllerMetrics:
                                  registry=r)
         self.signals = Counter("reflexarc_signal_samples_total", "Samples published on the bus",
                                ["source"], registry=r)
+        self.rejected = Counter("reflexarc_samples_rejected_total",
+                                "Samples refused before the bus: a value or timestamp the signal cannot have",
+                                ["signal", "reason"], registry=r)
+        self.dropped = Counter("reflexarc_samples_dropped_total",
+                               "Samples dropped at a bound: a poll's batch limit, a signal's series cap, "
+                               "a series' point cap", ["signal", "reason"], registry=r)
         self.rule_errors = Counter("reflexarc_rule_errors_total",
                                    "Unexpected errors in a rule's run, contained (the run went to failed)",
                                    ["policy", "rule"], registry=r)
@@ -50,6 +61,19 @@ class ControllerMetrics:
                                 registry=r)
         self.targets = Gauge("reflexarc_rule_targets", "Rule-targets tracked (runs); retired ones drop out",
                              registry=r)
+        self.lag = Gauge("reflexarc_loop_lag_seconds", "How late the live loop's last tick started: after the "
+                         "previous tick's start plus the interval", registry=r)
+        self.lags = Histogram("reflexarc_loop_tick_lag_seconds", "How late each tick of the live loop started",
+                              buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=r)
+        self.policy_reloads = Counter("reflexarc_policy_reloads_total",
+                                      "Policy reloads (SIGHUP, file change): ok, or error (refused, the "
+                                      "running policies kept)", ["outcome"], registry=r)
+        for outcome in ("ok", "error"):
+            self.policy_reloads.labels(outcome)
+        self.policy_last_reload_ok = Gauge("reflexarc_policy_last_reload_ok",
+                                           "1 while the policies on file are the ones running (start or last "
+                                           "reload ok), 0 after a refused reload", registry=r)
+        self.policy_last_reload_ok.set(1)
 
     def state(self, policy: str, rule: str, target: str, state: str) -> None:
         self.rule_state.labels(policy, rule, target).state(state)
@@ -60,6 +84,12 @@ class ControllerMetrics:
             self.rule_state.remove(policy, rule, target)
         except KeyError:
             pass
+
+    def loop_lag(self, seconds: float) -> None:
+        """A tick started ``seconds`` after its schedule (a clock stepped back: 0)."""
+        seconds = max(0.0, seconds)
+        self.lag.set(seconds)
+        self.lags.observe(seconds)
 
     def transition(self, policy: str, rule: str, frm: str, to: str) -> None:
         self.transitions.labels(policy, rule, frm, to).inc()

@@ -5,8 +5,10 @@ A signal's producers are the probes that declare it, the framework hooks, NVML
 (GPU utilisation where a GPU exists) or a PromQL source (a query the operator
 configures against the cluster's Prometheus). ``NodeFacts.why_not`` says why a
 producer cannot run here (no GPU, no RDMA device, the probe's tracepoints are
-missing, no PromQL source configured); ``why_unproduced`` collects that for a signal (``readiness.py``
-turns it into findings about policies).
+missing, no PromQL source configured, or none with a query for that signal);
+``why_unproduced`` collects that for a signal (``readiness.py`` turns it into
+findings about policies). ``NodeFacts.missing`` answers for what a policy's
+``requires`` names (``REQUIREMENTS``: a device kind, or ``promql``).
 
 Example::
 
@@ -14,6 +16,7 @@ Example::
     facts.why_not(Producer("probe", "gpu_submit", device="gpu"))   # "no GPU (no /dev/nvidia<N>)"
     why_unproduced("gpu_utilization_pct", facts)
     # "NVML: no GPU (no /dev/nvidia<N>); a PromQL source: no PromQL source configured"
+    NodeFacts(promql=frozenset({"gpu_utilization_pct"})).missing("promql")   # None: a source is configured
 
 Overhead: on first use per producer, one import of the probe module and its
 attach-point choice (tracefs ``stat``s); then a dictionary look-up.
@@ -25,9 +28,11 @@ from dataclasses import dataclass
 
 from reflexarc.bpf import catalog
 from reflexarc.bpf.probe import UNSUPPORTED, KernelFeatures
-from reflexarc.core.devices import Devices
+from reflexarc.core.devices import KINDS as DEVICE_KINDS, Devices
 
 PROBE, HOOKS, NVML, PROMQL = "probe", "hooks", "nvml", "promql"
+REQUIREMENTS = (*DEVICE_KINDS, PROMQL)     # what a policy may declare in 'requires'
+NO_PROMQL = "no PromQL source configured"
 
 
 @dataclass(frozen=True)
@@ -42,20 +47,34 @@ class Producer:
 
 
 class NodeFacts:
-    """What this node can produce; roots and the PromQL configuration injectable."""
+    """What this node can produce; roots and the PromQL configuration injectable.
+    ``promql``: the signals the configured PromQL source has a query for
+    (``promql_config.PromqlConfig.signals``); True for a source of any signal."""
 
     def __init__(self, devices: Devices | None = None, features: KernelFeatures | None = None,
-                 promql: bool = False) -> None:
+                 promql: bool | frozenset[str] = False) -> None:
         self.devices = devices or Devices()
         self.features = features or KernelFeatures()
         self.promql = promql
         self._cache: dict[Producer, str | None] = {}
 
-    def why_not(self, producer: Producer) -> str | None:
-        """None when ``producer`` can emit here, else the reason."""
+    def why_not(self, producer: Producer, signal: str = "") -> str | None:
+        """None when ``producer`` can emit (``signal``) here, else the reason."""
+        if producer.kind == PROMQL:
+            if not self.promql:
+                return NO_PROMQL
+            if self.promql is True or signal in self.promql:
+                return None
+            return "the PromQL configuration has no query for it"
         if producer not in self._cache:
             self._cache[producer] = self._why_not(producer)
         return self._cache[producer]
+
+    def missing(self, requirement: str) -> str | None:
+        """None when the node has what ``requires`` names (``REQUIREMENTS``), else why not."""
+        if requirement == PROMQL:
+            return None if self.promql else NO_PROMQL
+        return self.devices.missing(requirement)
 
     def _why_not(self, producer: Producer) -> str | None:
         if producer.device:
@@ -64,8 +83,6 @@ class NodeFacts:
                 return missing
         if producer.kind == HOOKS:
             return None      # the training script serves them (reflexarc.actuators.hooks)
-        if producer.kind == PROMQL:
-            return None if self.promql else "no PromQL source configured"
         if producer.kind == NVML:
             return None if importlib.util.find_spec("pynvml") else "NVML bindings (nvidia-ml-py) not installed"
         if importlib.util.find_spec("bcc") is None:
@@ -86,9 +103,9 @@ def producers_of(name: str) -> tuple[Producer, ...]:
 def why_unproduced(name: str, facts: NodeFacts) -> str | None:
     """None when some producer of signal ``name`` can emit here, else every reason."""
     producers = producers_of(name)
-    reasons = [f"{p}: {facts.why_not(p)}" for p in producers]
     if not producers:
         return "nothing produces it"
-    if any(facts.why_not(p) is None for p in producers):
+    reasons = [facts.why_not(p, name) for p in producers]
+    if None in reasons:
         return None
-    return "; ".join(reasons)
+    return "; ".join(f"{p}: {reason}" for p, reason in zip(producers, reasons))

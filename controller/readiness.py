@@ -5,8 +5,9 @@ policy that needs a device this node lacks.
 ``validate`` prints these findings (warnings; errors under ``--strict``) and
 ``run`` prints the same at start, so a policy that can never fire is seen when
 it is installed, not after the incident it was meant to catch. A policy that
-declares ``requires: [gpu]`` (or ``rdma``) on a node without one is idle here:
-a note, not a warning, and ``run`` leaves it out.
+declares ``requires: [gpu]`` (or ``rdma``) on a node without one, or
+``requires: [promql]`` where no PromQL source is configured, is idle here: a
+note, not a warning, and ``run`` leaves it out.
 
 Example::
 
@@ -28,8 +29,8 @@ NOTE, WARNING, ERROR = "note", "warning", "error"
 
 
 def idle_reason(policy: Policy, facts: NodeFacts) -> str | None:
-    """Why ``policy`` stays idle on this node (a device it requires is missing), or None."""
-    missing = [m for m in (facts.devices.missing(kind) for kind in policy.requires) if m]
+    """Why ``policy`` stays idle on this node (a device or source it requires is missing), or None."""
+    missing = [m for m in (facts.missing(kind) for kind in policy.requires) if m]
     return "; ".join(missing) or None
 
 

@@ -38,6 +38,10 @@ EXTERNAL: tuple[tuple[SignalSpec, tuple[Producer, ...]], ...] = (
      (Producer(NVML, device="gpu"), Producer(PROMQL))),
     (SignalSpec("nccl_link_latency_us", "us", ("node", "link", "quantile"), "gauge", "Collective link latency"),
      (Producer(PROMQL),)),
+    (SignalSpec("rank_pre_collective_ratio", "1", ("node", "job", "rank"), "gauge",
+                "A rank's time before the collective over the median of its job's ranks (PromQL over every "
+                "rank's step_pre_collective_ms)"),
+     (Producer(PROMQL),)),
 )
 
 

@@ -3,12 +3,14 @@
 The scenario's plant publishes signals each tick; its simulated actuators stand
 in for the real ones under the same names and parameter specs, so the policies
 are exactly the ones a node runs. A 10-minute scenario runs in well under a
-second of plant time.
+second of plant time. A scenario named by path is read only when it is a
+regular UTF-8 file (``load_scenario_checked``): a FIFO or a device is refused.
 
 Example::
 
     result = run_scenario("numa-remote-worker", mode="dry-run", out_dir="out/")
     result.summary["would_have_acted"], result.audit_path, result.reports["html"]
+    run_scenario("numa-remote-worker", load_policies(["my-policy.yaml"]), "enforce")
 
 Overhead: one controller tick and one plant step per simulated tick.
 """
@@ -19,16 +21,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import reflexarc.policies
-from reflexarc.simulations import Plant, load_scenario
+from reflexarc.simulations import Plant, ScenarioError, load_scenario
 
 from .audit import AuditLog
 from .bus import SignalBus
 from .clock import SimClock
 from .engine import Controller
+from .input_files import InputFileError, read_text
 from .journal import Journal
 from .policy.loader import load_policies
 
 BUILTIN_POLICIES = Path(reflexarc.policies.__file__).resolve().parent
+SCENARIO_SUFFIXES = (".yaml", ".yml")
+MAX_SCENARIO_BYTES = 1 << 20
+
+
+def load_scenario_checked(name_or_path: str):
+    """A built-in scenario by name, or a scenario file by path: a regular UTF-8
+    file of at most ``MAX_SCENARIO_BYTES`` (a FIFO or a device is refused
+    before it is opened for reading); ScenarioError otherwise."""
+    if Path(name_or_path).suffix in SCENARIO_SUFFIXES:
+        try:
+            read_text(name_or_path, MAX_SCENARIO_BYTES)
+        except InputFileError as exc:
+            raise ScenarioError(exc.path, exc.line or 1, exc.col or 1, exc.reason) from None
+    return load_scenario(name_or_path)
 
 
 @dataclass
@@ -45,10 +62,13 @@ class SimResult:
         return [r for r in self.records if r["kind"] == "action"]
 
 
-def run_scenario(scenario, policy_paths: list[str] | None = None, mode: str | None = None,
+def run_scenario(scenario, policies: list | None = None, mode: str | None = None,
                  out_dir: str | Path | None = None, report: bool = False) -> SimResult:
-    sc = load_scenario(scenario) if isinstance(scenario, str) else scenario
-    policies = load_policies(policy_paths or list(sc.policies))
+    """Run ``scenario`` (a name, a path or a loaded scenario) with ``policies``
+    (loaded, ``load_policies``) or, by default, the policy files the scenario names."""
+    sc = load_scenario_checked(scenario) if isinstance(scenario, str) else scenario
+    if policies is None:
+        policies = load_policies(list(sc.policies))
     clock = SimClock()
     bus = SignalBus(retention=3600.0)
     plant = Plant(sc, seed=sc.seed)

@@ -7,7 +7,9 @@
 - ``NvmlSource``: ``gpu_utilization_pct{gpu}`` of every NVIDIA GPU through NVML
   (``nvidia-ml-py``), where the node has GPUs.
 - ``ReplaySource``: a JSONL file of ``{"t": seconds-from-start, "name", "labels", "value"}``
-  replayed against wall time (recorded incidents, tests, demos).
+  replayed against wall time (recorded incidents, tests, demos), in file
+  order, at most ``intake.BATCH_LIMIT`` records a poll (a storm falls behind,
+  memory does not grow with the file).
 
 Example::
 
@@ -18,15 +20,20 @@ Example::
 Overhead: ProbeSource reads the probes' maps once per interval and lists the
 hook directory every 5 s; HookSource makes
 one Unix-socket request per training process per interval; NvmlSource one
-utilisation query per GPU per interval (~50 us each); ReplaySource reads its
-file once at start.
+utilisation query per GPU per interval (~50 us each); ReplaySource checks
+every record of its file at start (~3 us each), then reads each again as it
+comes due, holding one record ahead.
 """
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
+from .intake import BATCH_LIMIT
 from .signals import CATALOGUE, UnknownSignal
+
+log = logging.getLogger("reflexarc.sources")
 
 
 class SourceError(ValueError):
@@ -34,40 +41,76 @@ class SourceError(ValueError):
 
 
 class ReplaySource:
-    name = "replay"
+    """Records come due at ``start + t``, in file order (one whose ``t`` goes
+    back in time is due at once); each sample carries ``start + t``, the time it
+    claims, for the intake to check. One whose ``t`` no replay could reach (not
+    finite, or beyond ``MAX_SPAN``) is handed over at once, for the intake to
+    reject. Every record is checked when the source opens, so a malformed file
+    is one error before the controller starts; lines appended later are not
+    replayed, and a file rewritten meanwhile ends the replay with a warning."""
 
-    def __init__(self, path: str | Path, start: float) -> None:
+    name = "replay"
+    MAX_SPAN = 30 * 86400.0      # seconds: no recorded incident runs longer
+
+    def __init__(self, path: str | Path, start: float, limit: int = BATCH_LIMIT) -> None:
         self.path = Path(path)
         self.start = start
-        self._items = []
+        self.limit = limit
         try:
-            lines = self.path.read_text().splitlines()
+            self._file = self.path.open("rb")
         except OSError as exc:
             raise SourceError(f"{path}: {exc.strerror or exc}") from None
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                name = rec["name"]
-                if name not in CATALOGUE:
-                    raise UnknownSignal(name)
-                self._items.append((float(rec["t"]), name, dict(rec.get("labels", {})), float(rec["value"])))
-            except (ValueError, KeyError, TypeError, UnknownSignal) as exc:
-                raise SourceError(f"{path}:{n}:1: error: bad replay record: {exc}") from None
-        self._items.sort(key=lambda i: i[0])
-        self._pos = 0
+        try:
+            for n, line in enumerate(self._file, 1):
+                if line.strip():
+                    self._parse(line, n)
+        except SourceError:
+            self._file.close()
+            raise
+        self._end = self._file.tell()        # lines a recorder appends later were not checked
+        self._file.seek(0)
+        self._pos = self._line = 0
+        self._next: tuple[float, str, dict, float] | None = self._read()
 
-    def poll(self, now: float) -> list[tuple[str, dict, float]]:
+    def _parse(self, line: bytes, n: int) -> tuple[float, str, dict, float]:
+        try:
+            rec = json.loads(line)
+            name = rec["name"]
+            if name not in CATALOGUE:
+                raise UnknownSignal(name)
+            return float(rec["t"]), name, dict(rec.get("labels", {})), float(rec["value"])
+        except (ValueError, KeyError, TypeError, UnknownSignal) as exc:
+            raise SourceError(f"{self.path}:{n}:1: error: bad replay record: {exc}") from None
+
+    def _read(self) -> tuple[float, str, dict, float] | None:
+        """The next record of the checked part of the file, None at its end."""
+        while self._pos < self._end:
+            line = self._file.readline()
+            if not line:                     # cut short since it was checked
+                return None
+            self._pos += len(line)
+            self._line += 1
+            if line.strip():
+                try:
+                    return self._parse(line, self._line)
+                except SourceError as exc:   # rewritten since it was checked
+                    log.warning("%s; the replay ends there", exc)
+                    return None
+        return None
+
+    def poll(self, now: float) -> list[tuple[str, dict, float, float]]:
         out = []
-        while self._pos < len(self._items) and self._items[self._pos][0] <= now - self.start:
-            _, name, labels, value = self._items[self._pos]
-            out.append((name, labels, value))
-            self._pos += 1
+        elapsed = now - self.start
+        while self._next is not None and len(out) < self.limit:
+            t, name, labels, value = self._next
+            if t > elapsed and t <= self.MAX_SPAN:      # not due yet (a NaN t is due at once)
+                break
+            out.append((name, labels, value, self.start + t))
+            self._next = self._read()
         return out
 
     def close(self) -> None:
-        pass
+        self._file.close()
 
 
 class NvmlSource:
@@ -137,17 +180,58 @@ class ProbeSource:
 
 
 class HookSource:
+    """Step signals from the training scripts' hook sockets, only from those the
+    hook channel trusts (``reflexarc.actuators.framework_hook``: the serving
+    process is the one the socket claims, in a directory made for its user, with
+    a reply that fits the schema) whose process is inside the selector (pids,
+    cgroup) of every one of ``policies`` that reads its job. Everything else is
+    ignored, logged once per socket and reason, and counted in
+    ``reflexarc_hook_rejected_total{reason}`` on ``registry`` (the controller's)."""
+
     name = "hooks"
 
-    def __init__(self, hook_dir: str, job: str | None = None) -> None:
+    def __init__(self, hook_dir: str, job: str | None = None, policies=(), registry=None,
+                 proc_root: str = "/proc") -> None:
+        from prometheus_client import CollectorRegistry, Counter
+
+        from reflexarc.core.procfs import ProcFS
+
+        from .bus import Matcher
         self.hook_dir = hook_dir
         self.job = job or None
+        self.procfs = ProcFS(proc_root)
+        self._scopes = [(p.name, Matcher(p.selector.match), tuple(p.selector.pids), p.selector.cgroup)
+                        for p in policies if p.selector.pids or p.selector.cgroup]
+        self.rejected = Counter("reflexarc_hook_rejected_total",
+                                "Hook sockets, directories and replies ignored as untrusted, by reason",
+                                ["reason"], registry=registry if registry is not None else CollectorRegistry())
+        self._logged: set[tuple[str, str]] = set()
         self._seen: dict[tuple, float] = {}
+
+    def _admit(self, ep) -> str | None:
+        """Why the process serving ``ep`` is outside a policy's selector, or None."""
+        labels = {"job": ep.job, "rank": str(ep.rank)}
+        for policy, match, pids, cgroup in self._scopes:
+            if not match(labels):
+                continue
+            if pids and not self.procfs.descends_from(ep.pid, pids):
+                return f"pid {ep.pid} is not below pids {','.join(map(str, pids))} of policy {policy}"
+            if cgroup and not self.procfs.in_cgroup(ep.pid, cgroup):
+                return f"pid {ep.pid} is not in cgroup {cgroup} of policy {policy}"
+        return None
 
     def poll(self, now: float) -> list[tuple[str, dict, float]]:
         from reflexarc.actuators.framework_hook import read_signals
+        read = read_signals(self.hook_dir, self.job, procfs=self.procfs, admit=self._admit)
+        for rejected in read.rejected:
+            self.rejected.labels(rejected.reason).inc()
+            if (rejected.where, rejected.reason) not in self._logged:
+                if len(self._logged) >= 4096:      # bounded, however many sockets come and go
+                    self._logged.clear()
+                self._logged.add((rejected.where, rejected.reason))
+                log.warning("hook channel: ignored (%s): %s", rejected.reason, rejected)
         out = []
-        for rec in read_signals(self.hook_dir, self.job):
+        for rec in read.signals:
             key = (rec["name"], tuple(sorted(rec["labels"].items())))
             if self._seen.get(key) != rec["ts"]:      # only new reports
                 self._seen[key] = rec["ts"]

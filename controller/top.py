@@ -1,29 +1,66 @@
-"""``reflexarc top``: live signals per target (probes, and the step signals
-training scripts report through the hooks), refreshed each interval, in the
-manner of bcc's interval tools (``biolatency 1``, ``runqlat 1``), followed by
-the most recent discrete probe events (cross-NUMA migrations), e.g.::
+"""``reflexarc top``: live signals, grouped by job and training process.
+
+Every interval it reads the probes (bcc, light tier) and the step signals the
+training scripts report through the hooks (``step_time_ms``,
+``dataloader_batch_wait_ms``, ``step_pre_collective_ms``; each labelled with
+the script's pid as ``trainer``, which is what the probes call a training
+process), keeps the latest value of every series, and prints them in the manner
+of bcc's interval tools (``biolatency 1``, ``runqlat 1``)::
+
+    12:00:01  2 training processes, 9 series
+    job llama
+      trainer 4242 (rank 0, python)
+        step_time_ms                                          182  ms     0.2 s ago
+        dataloader_batch_wait_ms                             12.3  ms     0.2 s ago
+        step_pre_collective_ms                                 40  ms     0.2 s ago
+        dataloader_read_latency_us{quantile=0.99}  pid=4250   812  us     0.9 s ago
+    node
+        link_utilization_pct{iface=eth0,traffic=other}         45  %      0.9 s ago
+
+followed by the most recent discrete probe events (cross-NUMA migrations), e.g.::
 
     12:00:01 cross-NUMA migration pid=123 tid=124 (pt_data_worker) cpu0/node0 -> cpu1/node1
+
+A target that is gone is not shown: a series whose ``trainer``, ``pid`` or
+``tid`` names a process that exited (no ``<proc_root>/<pid>``, a zombie, or a
+pid now reused by a process that started later) is dropped at once, as is a
+series with no new sample for ``stale_after`` seconds. The process table is
+read under ``proc_root`` (``--proc-root``), so tests can give their own.
 
 Example::
 
     reflexarc top --interval 1 --count 5
+    reflexarc --hook-dir /run/reflexarc/hooks top --once --no-probes   # the hooks only, one table
 
-Overhead: the light probe tier plus one table print per interval.
+    view = TopView(proc_root="/proc")
+    view.update(samples, now)            # (name, labels, value[, ts]) tuples
+    print(view.render(now))
+
+Overhead: the light probe tier, one Unix-socket request per training script
+per interval, a ``stat`` per distinct process in the table, and one print.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass, field
 
 from .signals import CATALOGUE
 
-TARGET_LABELS = ("job", "rank", "trainer", "pid", "dev", "flow", "port", "qp", "iface")
+TARGET_LABELS = ("job", "rank", "trainer", "pid", "tid", "dev", "flow", "port", "qp", "iface")
+PROCESS_LABELS = ("trainer", "pid", "tid")        # labels naming a process: the series goes when it does
+GROUP_LABELS = ("job", "trainer", "rank")         # shown in the group headings, not in the rows
+HIDDEN_LABELS = ("node",)                         # the same on every row: in the heading
+HOOK_SIGNALS = ("step_time_ms", "dataloader_batch_wait_ms", "step_pre_collective_ms")
 RECENT_EVENTS = 5
+STALE_AFTER = 30.0
+HOOK_TIMEOUT = 1.0
 
 
 def format_table(samples: list[tuple[str, dict, float]]) -> str:
+    """One flat table of samples (target, signal, value, unit), sorted."""
     rows = []
     for name, labels, value in samples:
         target = ",".join(f"{k}={labels[k]}" for k in TARGET_LABELS if k in labels) or "-"
@@ -50,41 +87,232 @@ def format_event(event: dict) -> str:
     return f"{stamp} {event.get('kind', 'event')} {fields}"
 
 
-def run_top(selection, interval: float = 1.0, count: int | None = None, hook_dir: str | None = None,
-            job: str = "", sys_root: str = "/sys") -> int:
-    """Probe signals (with the rank of hooked training processes) and, with a
-    hook directory, the step signals training scripts report."""
-    from reflexarc.bpf.manager import ProbeManager
+def _unit(name: str) -> str:
+    spec = CATALOGUE.get(name)
+    return "" if spec is None or spec.unit == "1" else spec.unit
 
-    from .sources import HookSource, ProbeSource
-    manager = ProbeManager(selection, interval=interval, sys_root=sys_root)
-    sources = [ProbeSource(manager, refresh_every=0.0, hook_dir=hook_dir)]
-    if hook_dir:
-        sources.append(HookSource(hook_dir, job))
-    statuses = manager.start()
-    down = [f"{n}: {s}" for n, s in statuses.items() if s.state != "ok"]
-    tty = sys.stdout.isatty()
+
+def _number(value: float) -> str:
+    return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3e}"
+
+
+class Processes:
+    """Which pids are still the processes they were, read under ``proc_root``."""
+
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self.root = proc_root
+        self._start: dict[int, int | None] = {}      # pid -> start time when first seen
+
+    def _stat(self, pid: int) -> tuple[str, int] | None:
+        try:
+            with open(os.path.join(self.root, str(pid), "stat"), "rb") as fh:
+                raw = fh.read(4096)
+        except OSError:
+            return None
+        fields = raw.rpartition(b")")[2].split()
+        try:
+            return fields[0].decode(), int(fields[19])
+        except (IndexError, ValueError):
+            return None
+
+    def alive(self, pid: int) -> bool:
+        """``pid`` runs (not a zombie) and is the process first seen under that pid."""
+        st = self._stat(pid)
+        if st is None or st[0] in ("Z", "X"):
+            self._start.pop(pid, None)
+            return False
+        first = self._start.setdefault(pid, st[1])
+        return first == st[1]
+
+    def comm(self, pid: int) -> str:
+        try:
+            with open(os.path.join(self.root, str(pid), "comm"), encoding="utf-8", errors="replace") as fh:
+                return fh.read(64).strip()
+        except OSError:
+            return ""
+
+    def forget(self, keep: set[int]) -> None:
+        for pid in list(self._start):
+            if pid not in keep:
+                del self._start[pid]
+
+
+@dataclass
+class Point:
+    value: float
+    ts: float          # when it was measured (the script's report time, or the collection time)
+    seen: float        # when top last received it
+
+
+@dataclass
+class TopView:
+    """The latest value of every live series; see the module docstring."""
+
+    proc_root: str = "/proc"
+    stale_after: float = STALE_AFTER
+    series: dict[tuple, Point] = field(default_factory=dict)   # (name, sorted label items) -> point
+    dropped: int = 0                                             # series dropped since the last render
+
+    def __post_init__(self) -> None:
+        self.processes = Processes(self.proc_root)
+
+    def update(self, samples, now: float) -> None:
+        """Take samples ``(name, labels, value)`` or ``(name, labels, value, ts)``."""
+        for sample in samples:
+            name, labels, value = sample[0], sample[1], sample[2]
+            ts = sample[3] if len(sample) > 3 else now
+            key = (name, tuple(sorted((str(k), str(v)) for k, v in labels.items())))
+            self.series[key] = Point(float(value), float(ts), now)
+
+    def prune(self, now: float) -> None:
+        """Drop the series of processes that exited, and those gone silent."""
+        verdict: dict[int, bool] = {}
+        for key in list(self.series):
+            labels = dict(key[1])
+            gone = now - self.series[key].seen > self.stale_after
+            for label in PROCESS_LABELS:
+                pid = _pid(labels.get(label))
+                if pid is not None:
+                    if pid not in verdict:
+                        verdict[pid] = self.processes.alive(pid)
+                    gone = gone or not verdict[pid]
+            if gone:
+                del self.series[key]
+                self.dropped += 1
+        self.processes.forget({pid for pid, ok in verdict.items() if ok})
+
+    def groups(self) -> dict[str, dict[str, list[tuple[str, dict, Point]]]]:
+        """job -> process heading -> rows (name, labels, point); the node's own series under job ``""``."""
+        out: dict[str, dict[str, list]] = {}
+        for (name, items), point in self.series.items():
+            labels = dict(items)
+            job = labels.get("job", "")
+            process = labels.get("trainer") or ""
+            out.setdefault(job, {}).setdefault(process, []).append((name, labels, point))
+        return out
+
+    def render(self, now: float, width: int = 100) -> str:
+        trainers = {labels.get("trainer") for (_, items) in self.series for labels in [dict(items)]} - {None}
+        head = (f"{time.strftime('%H:%M:%S', time.localtime(now))}  {len(trainers)} training process"
+                f"{'' if len(trainers) == 1 else 'es'}, {len(self.series)} series")
+        if self.dropped:
+            head += f" ({self.dropped} of exited or silent targets dropped)"
+            self.dropped = 0
+        nodes = sorted({v for (_, items) in self.series for k, v in items if k == "node"})
+        if nodes:
+            head += f"  node {', '.join(nodes)}"
+        lines = [head]
+        if not self.series:
+            lines.append("(no samples yet: no selected task, flow or training script reported)")
+            return "\n".join(lines)
+        groups = self.groups()
+        for job in sorted(groups, key=lambda j: (j == "", j)):
+            processes = groups[job]
+            lines.append(f"job {job}" if job else ("no job label" if set(processes) - {""} else "node"))
+            for process in sorted(processes, key=lambda p: (p == "", _pid(p) or 0, p)):
+                rows = processes[process]
+                if process:
+                    ranks = sorted({r[1]["rank"] for r in rows if "rank" in r[1]})
+                    comm = self.processes.comm(_pid(process)) if _pid(process) is not None else ""
+                    about = ", ".join(([f"rank {'/'.join(ranks)}"] if ranks else []) + ([comm] if comm else []))
+                    lines.append(f"  trainer {process}" + (f" ({about})" if about else ""))
+                elif len(processes) > 1:
+                    lines.append("  other targets")
+                lines += _rows(rows, now)
+        return "\n".join(lines)
+
+
+def _pid(value) -> int | None:
+    try:
+        pid = int(str(value))
+    except (TypeError, ValueError):
+        return None
+    return pid if pid > 0 else None
+
+
+def _rows(rows: list[tuple[str, dict, Point]], now: float) -> list[str]:
+    cells = []
+    for name, labels, point in rows:
+        extra = {k: v for k, v in labels.items() if k not in GROUP_LABELS and k not in TARGET_LABELS
+                 and k not in HIDDEN_LABELS and v != ""}
+        signal = name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(extra.items())) + "}" if extra else "")
+        target = ",".join(f"{k}={labels[k]}" for k in TARGET_LABELS if k in labels and k not in GROUP_LABELS)
+        age = max(0.0, now - point.ts)
+        order = HOOK_SIGNALS.index(name) if name in HOOK_SIGNALS else len(HOOK_SIGNALS)
+        cells.append((order, signal, target, _number(point.value), _unit(name), f"{age:.1f} s ago"))
+    cells.sort()
+    w = [0] + [max(len(c[i]) for c in cells) for i in range(1, 6)]
+    return [f"    {c[1]:{w[1]}}  {c[2]:{w[2]}}  {c[3]:>{w[3]}}  {c[4]:{w[4]}}  {c[5]}".rstrip() for c in cells]
+
+
+def read_hooks(hook_dir: str, job: str | None = None, proc_root: str = "/proc",
+               timeout: float = HOOK_TIMEOUT) -> list[tuple[str, dict, float, float]]:
+    """The step signals of every trusted training script in ``hook_dir``, each
+    labelled with its job, rank and pid (``trainer``), with the time it reported
+    them. Scripts that do not answer (exited, stopped) are left out."""
+    from reflexarc.actuators.base import PermanentActuatorError, TemporaryActuatorError
+    from reflexarc.actuators.framework_hook import MAX_SIGNALS_REPLY, HookClient, scan, signals_of
+    from reflexarc.core.procfs import ProcFS
+
+    procfs = ProcFS(proc_root)
+    endpoints, _ = scan(hook_dir, job or None)
+    out = []
+    for ep in endpoints:
+        try:
+            reply = HookClient(ep, procfs, limit=MAX_SIGNALS_REPLY).request("signals", timeout)
+            signals = signals_of(reply, ep)
+        except (TemporaryActuatorError, PermanentActuatorError):   # HookRejected is one too: untrusted, left out
+            continue
+        for rec in signals:
+            out.append((rec["name"], {**rec["labels"], "trainer": str(ep.pid)}, rec["value"], rec["ts"]))
+    return out
+
+
+def run_top(selection=None, interval: float = 1.0, count: int | None = None, hook_dir: str | None = None,
+            job: str = "", sys_root: str = "/sys", proc_root: str = "/proc", probes: bool = True,
+            out=None) -> int:
+    """Probe signals (with the rank of hooked training processes) and, with a hook
+    directory, the step signals training scripts report, every ``interval``
+    seconds, ``count`` times (None: until interrupted). Without ``probes`` only the
+    hooks are read, and the first table comes at once."""
+    out = out or sys.stdout
+    manager, sources, down = None, [], []
+    if probes:
+        from reflexarc.bpf.manager import ProbeManager
+
+        from .sources import ProbeSource
+        manager = ProbeManager(selection, interval=interval, sys_root=sys_root)
+        sources.append(ProbeSource(manager, refresh_every=0.0, hook_dir=hook_dir))
+        statuses = manager.start()
+        down = [f"{n}: {s}" for n, s in statuses.items() if s.state != "ok"]
+    view = TopView(proc_root=proc_root, stale_after=max(STALE_AFTER, 10 * interval))
+    tty = out.isatty() if hasattr(out, "isatty") else False
     recent: deque[dict] = deque(maxlen=RECENT_EVENTS)
     n = 0
     try:
         while count is None or n < count:
-            time.sleep(interval)
+            if probes or n:
+                time.sleep(interval)
             now = time.time()
-            samples = [sample for src in sources for sample in src.poll(now)]
-            recent.extend(manager.events())
+            view.update([sample for src in sources for sample in src.poll(now)], now)
+            if hook_dir:
+                view.update(read_hooks(hook_dir, job, proc_root), now)
+            view.prune(now)
+            if manager is not None:
+                recent.extend(manager.events())
             if tty:
-                sys.stdout.write("\x1b[H\x1b[2J")
-            print(time.strftime("%H:%M:%S"), f"({len(samples)} samples)")
+                out.write("\x1b[H\x1b[2J")
+            text = view.render(now)
             if down:
-                print("not ok: " + "; ".join(down))
-            print(format_table(samples))
+                text += "\nnot ok: " + "; ".join(down)
             if recent:
-                print("\nrecent events:")
-                print("\n".join(format_event(e) for e in recent))
-            sys.stdout.flush()
+                text += "\n\nrecent events:\n" + "\n".join(format_event(e) for e in recent)
+            out.write(text + "\n")
+            out.flush()
             n += 1
     except KeyboardInterrupt:
         pass
     finally:
-        manager.stop()
+        if manager is not None:
+            manager.stop()
     return 0

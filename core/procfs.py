@@ -10,6 +10,12 @@ whose start time changed was reused by another process and must never be
 touched. Names are compared as the kernel stores them: their first 15 bytes.
 The proc root is injectable so tests can use a fixture tree.
 
+What a target guard needs is here too: a kernel thread's ``PF_KTHREAD`` flag
+(field 9 of ``stat``), a process's pid in each PID namespace (``NSpid`` of
+``status``), the controller's own pid as this proc root numbers it (``self``),
+and a cgroup named by its path under the cgroup2 mount (``/sys/fs/cgroup/job``)
+or inside the hierarchy (``/job``) alike.
+
 Example::
 
     procfs = ProcFS("/proc")
@@ -18,11 +24,13 @@ Example::
         start = procfs.start_time(pid)
         tids = procfs.threads(pid)
         procfs.alive(pid, start)          # False once the pid is gone or reused
+    procfs.kernel_thread(2), procfs.nspid(4242)   # True, [4242] (or [4242, 1] for a container's init)
 
 Overhead: one small file read per process looked at (plain open/read/close,
 ~10-20 us each on the test VM): a scan reads the ``comm`` of every process on
 the node, then ``stat`` up the parent chain of each match when scoped by pids;
-``threads`` lists one directory; ``cmdline`` reads at most 4 KiB.
+``threads`` lists one directory; ``cmdline`` reads at most 4 KiB; the cgroup2
+mounts are read once per ProcFS.
 """
 from __future__ import annotations
 
@@ -30,8 +38,12 @@ import os
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from .cgroups import cgroup2_mounts
+
 TASK_COMM_LEN = 16                # the kernel's buffer for a task name, NUL included
 COMM_BYTES = TASK_COMM_LEN - 1    # so it keeps 15 bytes of a name
+PF_KTHREAD = 0x00200000           # task flag (field 9 of stat) of a kernel thread
+KTHREADD = 2                      # the parent of every kernel thread, on the host
 
 
 class ProcStat(NamedTuple):
@@ -47,6 +59,7 @@ def comm_bytes(name: str) -> bytes:
 class ProcFS:
     def __init__(self, proc_root: str = "/proc") -> None:
         self.root = str(proc_root)
+        self._cgroup2: list[str] | None = None    # mount points, read on first use
 
     def _path(self, parts) -> str:
         return os.path.join(self.root, *map(str, parts))
@@ -96,17 +109,55 @@ class ProcFS:
         raw = self._read(pid, "cmdline", limit=4096) or b""
         return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
 
+    def _stat_fields(self, pid: int, tid: int | None = None) -> list[bytes]:
+        """Fields 3.. of ``stat`` (state, ppid, ...); empty when the task is gone."""
+        raw = self._read(pid, "stat") if tid is None else self._read(pid, "task", tid, "stat")
+        # The comm (field 2) may hold spaces and parentheses: split after the last ')'.
+        return raw.rpartition(b")")[2].split() if raw else []
+
     def stat(self, pid: int, tid: int | None = None) -> ProcStat | None:
         """Parent pid and start time of a process, or of one of its threads."""
-        raw = self._read(pid, "stat") if tid is None else self._read(pid, "task", tid, "stat")
-        if not raw:
-            return None
-        # The comm (field 2) may hold spaces and parentheses: split after the last ')'.
-        fields = raw.rpartition(b")")[2].split()
+        fields = self._stat_fields(pid, tid)
         try:
             return ProcStat(int(fields[1]), int(fields[19]))
         except (IndexError, ValueError):
             return None
+
+    def _flags(self, pid: int) -> int | None:
+        try:
+            return int(self._stat_fields(pid)[6])      # field 9
+        except (IndexError, ValueError):
+            return None
+
+    def kernel_thread(self, pid: int) -> bool:
+        """``pid`` is a kernel thread: ``PF_KTHREAD`` in its flags, or a child of
+        kthreadd (ppid 2, when pid 2 is the kernel's kthreadd: in a container
+        pid 2 may be an ordinary process)."""
+        flags = self._flags(pid)
+        if flags is not None and flags & PF_KTHREAD:
+            return True
+        st = self.stat(pid)
+        return st is not None and st.ppid == KTHREADD and bool((self._flags(KTHREADD) or 0) & PF_KTHREAD)
+
+    def nspid(self, pid: int) -> list[int]:
+        """The pid of ``pid`` in each PID namespace it is in, from the one this proc
+        root shows to its own (``NSpid`` of ``status``): ``[4242, 1]`` for a
+        container's init; empty when unknown."""
+        for line in (self._read(pid, "status") or b"").splitlines():
+            if line.startswith(b"NSpid:"):
+                try:
+                    return [int(n) for n in line.split()[1:]]
+                except ValueError:
+                    return []
+        return []
+
+    def self_pid(self) -> int:
+        """The calling process's pid as this proc root numbers it (``self``): from
+        inside a PID namespace looking at the host's /proc it is not ``getpid()``."""
+        try:
+            return int(os.readlink(os.path.join(self.root, "self")))
+        except (OSError, ValueError):
+            return os.getpid()
 
     def start_time(self, pid: int, tid: int | None = None) -> int | None:
         st = self.stat(pid, tid)
@@ -131,9 +182,23 @@ class ProcFS:
         text = (self._read(pid, "cgroup") or b"").decode(errors="replace")
         return [line.split(":", 2)[2] for line in text.splitlines() if line.count(":") >= 2]
 
+    def cgroup_path(self, cgroup: str) -> str:
+        """``cgroup`` as ``/proc/<pid>/cgroup`` writes it: a path under a cgroup2
+        mount loses the mount point (``/sys/fs/cgroup/job`` -> ``/job``)."""
+        if self._cgroup2 is None:
+            try:
+                self._cgroup2 = [str(m) for m in cgroup2_mounts(self.root)]
+            except OSError:           # a fixture tree without mountinfo
+                self._cgroup2 = []
+        path = "/" + cgroup.strip("/")
+        for mount in self._cgroup2:
+            if path == mount or path.startswith(mount.rstrip("/") + "/"):
+                return "/" + path[len(mount):].strip("/")
+        return path
+
     def in_cgroup(self, pid: int, cgroup: str) -> bool:
         """``pid`` sits in ``cgroup`` or below it, in any hierarchy."""
-        want = "/" + cgroup.strip("/")
+        want = self.cgroup_path(cgroup)
         return any(path == want or path.startswith(want.rstrip("/") + "/") for path in self.cgroups(pid))
 
     def ancestors(self, pid: int) -> list[int]:

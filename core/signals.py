@@ -37,6 +37,17 @@ class SignalSpec:
             raise ValueError(f"signal '{self.name}': labels must be a tuple of names, got {self.labels!r}")
 
 
+# A step signal the training script reports through the framework hooks, beside
+# those ``reflexarc.actuators.hooks.SIGNALS`` lists: how long a step ran before
+# it entered its collective (waiting for the batch, forward, the backward not
+# overlapped with communication). In synchronous data parallelism every rank's
+# step time is the same, since the collective waits for the slowest rank; this
+# time is what differs, and the cluster's Prometheus compares it across ranks
+# (``rank_pre_collective_ratio``, ``docs/promql.md``).
+STEP_PRE_COLLECTIVE = SignalSpec("step_pre_collective_ms", "ms", ("node", "job", "rank"), "gauge",
+                                 "Time a training step ran before entering its collective (framework hook)")
+
+
 def suggest(word: str, choices) -> str | None:
     """Closest choice to ``word``, or None."""
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

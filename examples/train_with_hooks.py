@@ -15,6 +15,8 @@ at the end.
 Example::
 
     python examples/train_with_hooks.py --job llama --rank 0 --steps 400
+    # as a user who is not root, once root made the job's directory (docs/hooks.md):
+    #   install -d -o alice -m 0700 /run/reflexarc/hooks/llama
     # elsewhere, as root or the same user:
     #   FrameworkHookActuator().plan(Target({"job": "llama"}),
     #                                {"handler": "dataloader.prefetch",
@@ -34,7 +36,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from reflexarc.actuators.hooks import Hooks
+from reflexarc.actuators.hooks import HookDirError, Hooks
 from reflexarc.actuators.loader_settings import LoaderSettings
 
 
@@ -78,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
 
     settings = LoaderSettings(args.prefetch, args.workers)
-    hooks = Hooks.start(job=args.job, rank=args.rank, hook_dir=args.hook_dir)
+    try:
+        hooks = Hooks.start(job=args.job, rank=args.rank, hook_dir=args.hook_dir)
+    except HookDirError as exc:          # not root and no job directory: say what to create
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     hooks.handler("dataloader.prefetch", undo=settings.restore, preview=settings.preview)(settings.set)
     say(event="ready", socket=hooks.path, pid=hooks.pid)
 
@@ -101,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                 loss.backward()
                 opt.step()
                 done = time.perf_counter()
+                # one process, no collective: the whole step runs before it
                 hooks.report(step_time_ms=(done - waited) * 1000.0, dataloader_batch_wait_ms=(start - waited) * 1000.0,
-                             iteration=step)
+                             step_pre_collective_ms=(done - waited) * 1000.0, iteration=step)
                 hooks.step_boundary()
                 step += 1
                 if step >= args.steps:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,18 @@ def require(ok: bool, capability: str) -> None:
     if os.environ.get("REFLEXARC_ALLOW_SKIP") == "1":
         pytest.skip(f"missing capability: {capability} (skipped: REFLEXARC_ALLOW_SKIP=1)")
     pytest.fail(f"missing capability: {capability} (set REFLEXARC_ALLOW_SKIP=1 to skip instead)")
+
+
+def wait_until(what: str, probe, timeout: float = 60.0, every: float = 0.2):
+    """``probe()``'s first truthy value, polled every ``every`` s; AssertionError
+    naming ``what`` after ``timeout`` s (a deadline, not a timed assertion)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def require_root() -> None:

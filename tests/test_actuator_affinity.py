@@ -397,12 +397,16 @@ def test_trainer_targets_that_are_refused(act, job):
     exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                             capture_output=True, text=True, check=True)
     dead = int(exited.stdout)
-    for labels, selector, words in (({"trainer": str(dead)}, {}, f"training process {dead} is not running"),
-                                    ({"trainer": "1"}, {}, "training process 1 is not running"),
-                                    ({"trainer": str(job.pid)}, {"pids": [dead]}, f"is not below pids {dead}")):
+    for labels, selector, words in (
+            ({"trainer": str(dead)}, {}, f"training process {dead} is not running"),
+            ({"trainer": "1"}, {}, r"pid 1 \(.*\) is init: never the root of a target's scope"),
+            ({"trainer": str(job.pid)}, {"pids": [dead]}, f"training process {job.pid} is outside the selector: "
+                                                          f"not below pids {dead}"),
+            ({"trainer": str(job.pid)}, {"cgroup": "/no/such/job"}, "outside the selector: not in cgroup /no/such/job"),
+            ({"trainer": "abc"}, {}, "label trainer='abc' is not a process id")):
         with pytest.raises(PermanentActuatorError, match=words):
             act.plan(Target(labels, selector), {"node": 0})
-    inside = act.plan(Target({"trainer": str(job.pid)}, {"pids": [os.getpid()]}), {"node": 0})
+    inside = act.plan(Target({"trainer": str(job.pid)}, {"pids": [job.pid]}), {"node": 0})
     assert len(inside.before["processes"]) == 1
 
 

@@ -20,7 +20,8 @@ import pytest
 from conftest import ROOT, require_root
 
 from reflexarc.actuators.base import Change, PermanentActuatorError, Target, TemporaryActuatorError
-from reflexarc.actuators.framework_hook import FrameworkHookActuator, HookClient, ranks_by_pid, read_signals
+from reflexarc.actuators.framework_hook import (FrameworkHookActuator, HookClient, find_endpoints, ranks_by_pid,
+                                                read_signals)
 from reflexarc.controller.policy.loader import load_policies
 from reflexarc.core.procfs import ProcFS
 
@@ -161,10 +162,16 @@ def in_thread(fn):
     return thread, box
 
 
+def client(path: str) -> HookClient:
+    """A client of the socket at ``path``, checked as the controller checks it."""
+    [endpoint] = [ep for ep in find_endpoints(os.path.dirname(path)) if ep.path == path]
+    return HookClient(endpoint, ProcFS())
+
+
 def wait_queued(path: str, count: int) -> None:
     """Until the script has ``count`` calls waiting for a step boundary (bounded)."""
     for _ in range(3000):
-        if HookClient(path).request("signals", 5.0)["queued"] == count:
+        if client(path).request("signals", 5.0)["queued"] == count:
             return
         threading.Event().wait(0.01)
     raise AssertionError(f"{path}: never {count} queued calls")
@@ -309,13 +316,13 @@ def test_callers_are_checked_with_peer_credentials(hook_dir, start):
 def test_step_signals_are_served(hook_dir, start):
     script, ready = start()
     other, _ = start(job="other", rank=1)
-    assert read_signals(hook_dir, "llama") == []
+    assert read_signals(hook_dir, "llama") == ([], [])
     script.send("report 182.5 4.25 41")
     other.send("report 90 1 7")
-    got = {(s["labels"]["job"], s["labels"]["rank"], s["name"]): s["value"] for s in read_signals(hook_dir)}
+    got = {(s["labels"]["job"], s["labels"]["rank"], s["name"]): s["value"] for s in read_signals(hook_dir).signals}
     assert got == {("llama", "0", "step_time_ms"): 182.5, ("llama", "0", "dataloader_batch_wait_ms"): 4.25,
                    ("other", "1", "step_time_ms"): 90.0, ("other", "1", "dataloader_batch_wait_ms"): 1.0}
-    assert HookClient(ready["ready"]).request("signals", 5.0)["iteration"] == 41
+    assert client(ready["ready"]).request("signals", 5.0)["iteration"] == 41
 
 
 def test_a_stalled_step_reports_its_time_so_far(hook_dir, start):
@@ -324,10 +331,10 @@ def test_a_stalled_step_reports_its_time_so_far(hook_dir, start):
     script, _ = start()
     script.send("report 100 1 1")
     time.sleep(1.2)
-    [step] = [s for s in read_signals(hook_dir, "llama") if s["name"] == "step_time_ms"]
+    [step] = [s for s in read_signals(hook_dir, "llama").signals if s["name"] == "step_time_ms"]
     assert step["value"] >= 1200
     script.send("report 1300 1 2")
-    [step] = [s for s in read_signals(hook_dir, "llama") if s["name"] == "step_time_ms"]
+    [step] = [s for s in read_signals(hook_dir, "llama").signals if s["name"] == "step_time_ms"]
     assert step["value"] == 1300
 
 
@@ -370,7 +377,7 @@ def test_example_training_script_changes_prefetch(hook_dir):
                                                        "original": {"prefetch_factor": 2, "num_workers": 2}}}
         example.expect(lambda line: line.get("event") == "epoch" and line["prefetch_factor"] == 4
                        and line["num_workers"] == 3)
-        signals = {s["name"]: s["value"] for s in read_signals(hook_dir, "mlp")}
+        signals = {s["name"]: s["value"] for s in read_signals(hook_dir, "mlp").signals}
         assert signals["step_time_ms"] >= signals["dataloader_batch_wait_ms"] >= 0
         assert signals["step_time_ms"] > 0
 

@@ -48,7 +48,8 @@ def setup(tmp: Path, on_restart: str):
         for i in range(600):
             f.write(json.dumps({"t": i * 0.1, "name": "step_time_ms",
                                 "labels": {"job": "j", "rank": "0"}, "value": 520}) + "\n")
-    base = RX + ["--state-dir", str(tmp / "state"), "--proc-root", str(proc)]
+    # its own hook directory: the test neither depends on nor creates the node's /run/reflexarc/hooks
+    base = RX + ["--state-dir", str(tmp / "state"), "--proc-root", str(proc), "--hook-dir", str(tmp / "hooks")]
     return knob, base
 
 

@@ -4,7 +4,9 @@ The loader walks the tree from ``yaml.compose`` (SafeLoader) rather than plain
 data, so every node keeps its line and column: each diagnostic points at the key
 or value at fault, and all of a file's problems come out in one pass. Keys come
 from ``schema.SECTIONS``, signals from the signal catalogue, actuator parameters
-from the actuator specs; misspellings get a did-you-mean. A policy with any error
+from the actuator specs; misspellings get a did-you-mean. A number out of range
+(an integer past 64 bits or its parameter's range, such as a NUMA node or a
+pid, a number past 1.8e308) is an error at the number. A policy with any error
 is left out of the result. Keys are read as written, so YAML 1.1's ``on`` = true
 does not apply to ``rollback: {on: [...]}``.
 
@@ -39,6 +41,8 @@ from reflexarc.core.ports import EXAMPLE as PORT_EXAMPLE, port_range
 from reflexarc.core.procfs import TASK_COMM_LEN
 from reflexarc.core.rates import RateError, parse_rate
 
+from ..input_files import InputFileError, open_regular
+from ..producers import PROMQL, REQUIREMENTS
 from ..signals import CATALOGUE, SignalSpec, suggest
 from .diagnostics import Diagnostic, PolicyError, errors
 from .model import (AGGREGATIONS, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS, Action, Combo, Condition,
@@ -54,6 +58,14 @@ POLICY_SUFFIXES = (".yaml", ".yml")
 MAX_FILE_BYTES = 1 << 20
 MAX_NESTING = 8          # all/any levels in one condition
 MAX_YAML_DEPTH = 64      # collections inside collections; stops pathological input early
+# Numeric ranges: a number out of range is an error at the number.
+MAX_INT = (1 << 63) - 1  # integers fit in 64 bits
+MAX_NUMA_NODES = 1 << 10  # the kernel's MAX_NUMNODES at its largest (NODES_SHIFT 10)
+MAX_CPUS = 1 << 13       # the kernel's NR_CPUS at its largest
+MAX_PID = 1 << 22        # the kernel's PID_MAX_LIMIT (64-bit)
+MAX_INT_TEXT = 200       # characters: longer integers are out of range before Python reads them
+INT_PARAM_RANGES = {("affinity", "node"): (0, MAX_NUMA_NODES - 1)}
+INT_LIST_ITEM_RANGES = {("affinity", "cpus"): (0, MAX_CPUS - 1), ("affinity", "reserved_cpus"): (0, MAX_CPUS - 1)}
 # Actuator parameters that default to a selector field: one of the two must be set.
 FROM_SELECTOR = {("dscp", "interfaces"): "interfaces"}
 _NAME_RE = re.compile(NAME_PATTERN)
@@ -160,6 +172,11 @@ def _hint(word: str, choices) -> str:
     return f"; did you mean '{match}'?" if match else f"; expected one of: {', '.join(choices)}"
 
 
+def _shown(node: ScalarNode) -> str:
+    """A scalar as written, shortened for a message."""
+    return node.value if len(node.value) <= 40 else f"{node.value[:24]}... ({len(node.value)} characters)"
+
+
 def _position(text: str | bytes, index: int) -> tuple[int, int]:
     newline = "\n" if isinstance(text, str) else b"\n"
     before = text[:index]
@@ -238,8 +255,11 @@ class _FileReader:
             if not path.is_file():
                 self.at(1, 1, "error", "not a regular file")
                 return None
-            with path.open("rb") as fh:
+            with open_regular(path) as fh:           # O_NONBLOCK: no read can wait
                 data = fh.read(MAX_FILE_BYTES + 1)
+        except InputFileError as exc:
+            self.at(1, 1, "error", exc.reason)
+            return None
         except OSError as exc:
             self.at(1, 1, "error", f"cannot read: {_os_reason(exc)}")
             return None
@@ -371,15 +391,22 @@ class _FileReader:
             return None
         return node.value
 
-    def _int(self, node: Node, what: str, minimum: int | None = None) -> int | None:
+    def _int(self, node: Node, what: str, minimum: int | None = None, maximum: int = MAX_INT) -> int | None:
         if _tag(node) != "int":
             self.error(node, f"{what} must be an integer, got {_kind(node)}")
+            return None
+        lowest = -MAX_INT - 1 if minimum is None else minimum
+        if len(node.value) > MAX_INT_TEXT:
+            self.error(node, f"{what} is out of range ({lowest}..{maximum}), got {_shown(node)}")
             return None
         value = self._construct(node)
         if value is None:
             return None
         if minimum is not None and value < minimum:
-            self.error(node, f"{what} must be >= {minimum}, got {value}")
+            self.error(node, f"{what} must be >= {minimum}, got {_shown(node)}")
+            return None
+        if not lowest <= value <= maximum:
+            self.error(node, f"{what} is out of range ({lowest}..{maximum}), got {_shown(node)}")
             return None
         return value
 
@@ -387,13 +414,22 @@ class _FileReader:
         if _tag(node) not in ("int", "float"):
             self.error(node, f"{what} must be a number, got {_kind(node)}")
             return None
+        out_of_range = f"{what} is out of range: {_shown(node)} (numbers stay below 1.8e308)"
+        if _tag(node) == "int" and len(node.value) > MAX_INT_TEXT:
+            self.error(node, out_of_range)
+            return None
         value = self._construct(node)
         if value is None:
             return None
-        if not math.isfinite(value):
-            self.error(node, f"{what} must be a finite number, got {node.value}")
+        try:
+            value = float(value)
+        except OverflowError:                 # an integer beyond any float
+            self.error(node, out_of_range)
             return None
-        return float(value)
+        if not math.isfinite(value):
+            self.error(node, f"{what} must be a finite number, got {_shown(node)}")
+            return None
+        return value
 
     def _bool(self, node: Node, what: str) -> bool | None:
         if _tag(node) != "bool":
@@ -406,6 +442,9 @@ class _FileReader:
         if tag not in ("str", "int", "float"):
             self.error(node, f"{what} must be a duration such as '30s', got {_kind(node)}")
             return None
+        if tag == "int" and len(node.value) > MAX_INT_TEXT:
+            self.error(node, f"{what}: duration {_shown(node)} is out of range")
+            return None
         value = node.value if tag == "str" else self._construct(node)
         if value is None:
             return None
@@ -413,6 +452,9 @@ class _FileReader:
             seconds = parse_duration(value)
         except DurationError as exc:
             self.error(node, f"{what}: {exc}")
+            return None
+        except OverflowError:                 # an integer beyond any float
+            self.error(node, f"{what}: duration {_shown(node)} is out of range")
             return None
         if positive and seconds == 0:
             self.error(node, f"{what} must be greater than 0, got {node.value}")
@@ -456,7 +498,7 @@ class _FileReader:
         if tag not in ("int", "str"):
             self.error(node, f"{what}: bad port, got {_kind(node)}; {PORT_EXAMPLE}")
             return None
-        value = self._construct(node) if tag == "int" else node.value
+        value = self._int(node, what) if tag == "int" else node.value
         if value is None:
             return None
         try:
@@ -512,9 +554,10 @@ class _FileReader:
         if "requires" in fields:
             kinds = self._str_list(fields["requires"][1], "'requires'")
             for kind, item in kinds:
-                if kind not in DEVICE_KINDS:
-                    self.error(item, f"unknown device '{kind}' in 'requires' (known: {', '.join(DEVICE_KINDS)})")
-            policy.requires = tuple(dict.fromkeys(kind for kind, _ in kinds if kind in DEVICE_KINDS))
+                if kind not in REQUIREMENTS:
+                    self.error(item, f"unknown device '{kind}' in 'requires' (known: {', '.join(DEVICE_KINDS)}); "
+                                     f"a policy that reads PromQL-fed signals requires {PROMQL}")
+            policy.requires = tuple(dict.fromkeys(kind for kind, _ in kinds if kind in REQUIREMENTS))
         if "rules" in fields:
             value = fields["rules"][1]
             rule_nodes = self._seq(value, "'rules'")
@@ -545,7 +588,8 @@ class _FileReader:
                                     f"truncates comm names, so it never matches; use '{comm[:TASK_COMM_LEN - 1]}'")
             selector.processes = tuple(comm for comm, _ in processes)
         if "pids" in fields:
-            pids = [self._int(item, "item of 'pids'", minimum=1) for item in self._seq(fields["pids"][1], "'pids'") or ()]
+            pids = [self._int(item, "item of 'pids'", minimum=1, maximum=MAX_PID)
+                    for item in self._seq(fields["pids"][1], "'pids'") or ()]
             selector.pids = tuple(pid for pid in pids if pid is not None)
         if "cgroup" in fields:
             cgroup = self._str(fields["cgroup"][1], "'cgroup'")
@@ -567,11 +611,16 @@ class _FileReader:
         if "link_speeds" in fields:
             for iface, key_node, value_node in self._entries(fields["link_speeds"][1], "'link_speeds'") or ():
                 self._check_interface(iface, key_node)
+                if _tag(value_node) == "int" and len(value_node.value) > MAX_INT_TEXT:
+                    self.error(value_node, f"speed of '{iface}' is out of range: {_shown(value_node)}")
+                    continue
                 value = self._construct(value_node) if _tag(value_node) in ("str", "int", "float") else None
                 try:
                     selector.link_speeds[iface] = parse_rate(value)
                 except RateError as exc:
                     self.error(value_node, f"speed of '{iface}': {exc}")
+                except OverflowError:         # an integer beyond any float
+                    self.error(value_node, f"speed of '{iface}' is out of range: {_shown(value_node)}")
         if "ports" in fields:
             selector.ports = tuple(self._ports(fields["ports"][1], "'ports'"))
         return selector, match
@@ -739,8 +788,9 @@ class _FileReader:
             self.error(node, f"bad threshold {shown}: {example}")
             return
         factor = float(match.group(1))
-        if factor <= 0:
-            self.error(node, f"bad threshold '{node.value}': the factor must be greater than 0")
+        if factor <= 0 or factor == math.inf:
+            need = "greater than 0" if factor <= 0 else "a finite number"
+            self.error(node, f"bad threshold '{_shown(node)}': the factor must be {need}")
             return
         cond.threshold, cond.relative = factor, True
 
@@ -831,7 +881,7 @@ class _FileReader:
         """The parameter's value in canonical form (``reflexarc.core.params``);
         the node must be of the YAML kind the schema allows for the type."""
         what = f"parameter '{param.name}' of '{spec.name}'"
-        value = self._param_value(param, node, what)
+        value = self._param_value(spec, param, node, what)
         if value is None:
             return None
         try:
@@ -847,12 +897,12 @@ class _FileReader:
             self.error(node, f"{what}: {exc}")
             return None
 
-    def _param_value(self, param: ParamSpec, node: Node, what: str):
+    def _param_value(self, spec: ActuatorSpec, param: ParamSpec, node: Node, what: str):
         kind = param.type
         if kind == "str":
             return self._text(node, what)
         if kind == "int":
-            return self._int(node, what)
+            return self._int(node, what, *INT_PARAM_RANGES.get((spec.name, param.name), (None, MAX_INT)))
         if kind == "float":
             return self._number(node, what)
         if kind == "bool":
@@ -862,7 +912,8 @@ class _FileReader:
         if kind == "dscp":
             return self._dscp(node, what)
         if kind == "int_list":
-            items = [self._int(item, f"item of {what}") for item in self._seq(node, what) or ()]
+            bounds = INT_LIST_ITEM_RANGES.get((spec.name, param.name), (None, MAX_INT))
+            items = [self._int(item, f"item of {what}", *bounds) for item in self._seq(node, what) or ()]
             return None if None in items else items
         if kind == "str_list":
             return [text for text, _ in self._str_list(node, what)]
@@ -875,10 +926,10 @@ class _FileReader:
 
     def _dscp(self, node: Node, what: str) -> str | int | None:
         """A DSCP as the schema allows it: a name exactly as written in
-        ``DSCP_NAMES``, or an integer (its range is checked on conversion)."""
+        ``DSCP_NAMES``, or an integer 0-``MAX_DSCP``."""
         tag = _tag(node)
         if tag == "int":
-            return self._construct(node)
+            return self._int(node, what, 0, MAX_DSCP)
         if tag == "str" and node.value in DSCP_NAMES:
             return node.value
         shown = f"'{node.value}'" if tag == "str" else _kind(node)

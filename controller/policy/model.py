@@ -68,6 +68,20 @@ class Combo:
         return out
 
 
+COMBINATORS = ("all", "any")
+
+
+def when_tree(expr):
+    """An expression (``Condition`` or ``Combo``) as nested JSON, as the audit's
+    ``run`` record carries it: the condition's ``describe()`` text, or
+    ``{"all"|"any": [items]}``."""
+    if expr is None:
+        return None
+    if isinstance(expr, Combo):
+        return {expr.kind: [when_tree(item) for item in expr.items]}
+    return expr.describe()
+
+
 @dataclass
 class Action:
     actuator: str
@@ -145,5 +159,5 @@ class Policy:
     description: str = ""
     mode: str = "dry-run"
     selector: Selector = field(default_factory=Selector)
-    requires: tuple[str, ...] = ()   # device kinds (core.devices.KINDS) without which it is idle
+    requires: tuple[str, ...] = ()   # device kinds or "promql" (producers.REQUIREMENTS) without which it is idle
     loc: Loc | None = None

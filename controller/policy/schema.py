@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from reflexarc.actuators.specs import NETNS_PATTERN, SPECS
 from reflexarc.controller.signals import CATALOGUE
+from reflexarc.controller.producers import REQUIREMENTS
 from reflexarc.core.devices import KINDS as DEVICE_KINDS
 from reflexarc.core.dscp import DSCP_NAMES, MAX_DSCP
 from reflexarc.core.durations import DURATION_PATTERN, EXAMPLES as DURATION_EXAMPLES
@@ -66,8 +67,9 @@ SECTIONS: dict[str, Section] = {
         "mode": "dry-run (default): plan and record only; alert-only: raise an alert instead of acting; "
                 "enforce: apply the actions.",
         "selector": "What the policy may touch, and label matchers applied to every signal it reads.",
-        "requires": "Devices the policy needs (" + ", ".join(DEVICE_KINDS) + "): on a node without them it "
-                    "is idle, and validate says so in a note instead of warning about its signals.",
+        "requires": "Devices the policy needs (" + ", ".join(DEVICE_KINDS) + "), or promql for a PromQL source "
+                    "(--promql-config): on a node without them it is idle, and validate says so in a note "
+                    "instead of warning about its signals.",
         "rules": "The rules of this policy, each a condition with its remediation.",
     }, required=("name", "rules")),
     "selector": Section({
@@ -318,7 +320,7 @@ def build_schema() -> dict:
         "description": {"type": "string"},
         "mode": {"enum": list(MODES), "default": "dry-run"},
         "selector": {"$ref": "#/$defs/selector"},
-        "requires": {"type": "array", "items": {"enum": list(DEVICE_KINDS)}, "uniqueItems": True},
+        "requires": {"type": "array", "items": {"enum": list(REQUIREMENTS)}, "uniqueItems": True},
         "rules": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/rule"}},
     }, "One policy.")
     selector = _closed("selector", {

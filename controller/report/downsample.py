@@ -5,7 +5,10 @@
 with every point, but a series of 100k evaluations becomes at most 4 points per
 pixel. Missing values (NaN) split the series into segments so gaps stay gaps.
 ``change_points`` reduces a step function (a threshold that rarely moves) to the
-points where it changes.
+points where it changes. ``step_segments`` is ``m4`` for a value that holds
+from one evaluation to the next: each segment comes with the time its last
+value holds until (the next evaluation, where a missing value or a condition
+no longer evaluated ends it, or the given end).
 
 Example::
 
@@ -28,8 +31,26 @@ def _bucket_points(first: Point, low: Point, high: Point, last: Point) -> list[P
 
 def m4(ts: Sequence[float], values: Sequence[float], t0: float, t1: float, buckets: int) -> list[list[Point]]:
     """Segments of (t, v) points, at most 4 per bucket; ``ts`` must be ascending."""
+    return _m4(ts, values, t0, t1, buckets)[0]
+
+
+def step_segments(ts: Sequence[float], values: Sequence[float], t0: float, t1: float, buckets: int,
+                  until: float) -> list[tuple[list[Point], float]]:
+    """(points, holds until) per segment of a step function; ``ts`` ascending."""
+    segments, ends = _m4(ts, values, t0, t1, buckets)
+    out = []
+    for i, seg in enumerate(segments):
+        end = ends[i] if i < len(ends) else until
+        out.append((seg, max(seg[-1][0], end)))
+    return out
+
+
+def _m4(ts: Sequence[float], values: Sequence[float], t0: float, t1: float,
+        buckets: int) -> tuple[list[list[Point]], list[float]]:
+    """The segments, and the time of the missing value that ended each (one fewer when the last runs to the end)."""
     scale = buckets / (t1 - t0) if t1 > t0 else 0.0
     segments: list[list[Point]] = []
+    ends: list[float] = []
     current: list[Point] = []
     bucket = None
     first = low = high = last = None
@@ -40,6 +61,7 @@ def m4(ts: Sequence[float], values: Sequence[float], t0: float, t1: float, bucke
                 bucket = None
             if current:
                 segments.append(current)
+                ends.append(t)
                 current = []
             continue
         b = min(buckets - 1, max(0, int((t - t0) * scale)))
@@ -57,7 +79,7 @@ def m4(ts: Sequence[float], values: Sequence[float], t0: float, t1: float, bucke
         current.extend(_bucket_points(first, low, high, last))
     if current:
         segments.append(current)
-    return segments
+    return segments, ends
 
 
 def change_points(ts: Sequence[float], values: Sequence[float]) -> tuple[list[float], list[float]]:

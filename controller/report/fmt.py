@@ -9,6 +9,7 @@ Example::
 
     Clock(wall=False).at(125.0)          # '2m05.0s'
     Clock(wall=True).at(1700000000.0)    # '22:13:20.0'  (UTC)
+    number(1000), number(1500), number(950)   # '1k', '1.5k', '950'
     duration(3725)                       # '1h02m'
     diff_lines({"cpus": [0, 1]}, {"cpus": [0]})
 
@@ -79,13 +80,21 @@ class Clock:
 
 
 def number(value) -> str:
-    """Compact, unit-free: '0.31', '812', '12.3k', '3.4M'; '-' when not a finite number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """Compact, unit-free, in one form on every page and axis: '0.31', '812',
+    '1k', '1.5k', '12.3k', '3.4M'; '-' when not a finite number."""
+    kind = type(value)
+    if kind is not float and kind is not int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "-"
+    if not -math.inf < value < math.inf:
         return "-"
-    a = abs(value)
-    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "k")):
-        if a >= limit:
-            return f"{value / limit:.3g}{suffix}"
+    a = value if value >= 0 else -value
+    if a >= 999.5:
+        if a >= 999.5e6:
+            return f"{value / 1e9:.3g}G"
+        if a >= 999.5e3:
+            return f"{value / 1e6:.3g}M"
+        return f"{value / 1e3:.3g}k"
     if a >= 100 or a == 0:
         return f"{value:.0f}"
     return f"{value:.3g}"
@@ -153,14 +162,16 @@ def diff_lines(before, after) -> list[str]:
 
 def evidence_text(item: dict) -> str:
     """'p99(x[30s]) > 3x baseline: 812 vs 150 (baseline 50) holds' from an evidence item."""
-    cond = str(item.get("condition") or item.get("signal") or "?")
-    value, threshold, baseline = item.get("value"), item.get("threshold"), item.get("baseline")
-    parts = [f"{cond}: {'no data' if value is None else number(value)}"]
+    get = item.get
+    cond = get("condition") or get("signal") or "?"
+    value, threshold, baseline, ok = get("value"), get("threshold"), get("baseline"), get("ok")
+    text = f"{cond}: {'no data' if value is None else number(value)}"
     if threshold is not None:
-        parts.append(f"vs {number(threshold)}")
+        text += f" vs {number(threshold)}"
     if baseline is not None:
-        parts.append(f"(baseline {number(baseline)})")
-    ok = item.get("ok")
-    if isinstance(ok, bool):
-        parts.append("holds" if ok else "does not hold")
-    return " ".join(parts)
+        text += f" (baseline {number(baseline)})"
+    if ok is True:
+        text += " holds"
+    elif ok is False:
+        text += " does not hold"
+    return text

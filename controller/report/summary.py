@@ -1,54 +1,90 @@
-"""What happened, per rule and target, in numbers: the summary every report shares.
+"""What happened, per run, rule and target, in numbers: the summary every report shares.
 
-``summarize`` reduces an audit trail to one row per (policy, rule, target): final
-state, firings, actions by outcome, how often dry-run/alert-only would have acted,
-time from the first state change to the first action and to ``remediated``, and
-a one-line verdict. ``format_summary_table`` prints it for a terminal.
+``summarize`` reduces an audit trail to one row per (run, policy, rule,
+target): final state, firings, actions by outcome (the outcome names of the
+audit: ``applied``, ``planned``, ``alerted``, ``notified``, ...), how often
+dry-run/alert-only would have acted, the time from the breach that led to the
+first action to that action and to ``remediated``, and a one-line verdict. A
+file with several controller runs gets a summary per run (``runs``), each
+checked against that run's own ``end`` record. ``format_summary_table`` prints
+it for a terminal: the targets that did something, and one line per rule for
+those that never fired.
 
 Example::
 
     summary = summarize(load_audit("audit.jsonl"))     # or any iterable of record dicts
     print(format_summary_table(summary))
-    summary["rules"][0]["verdict"]   # 'fired 1x; applied 1; remediated 34.0 s after onset; remediated at the end'
+    summary["rules"][0]["verdict"]   # 'fired 1x; applied 1; remediated 34.0 s after the breach; remediated at the end'
+    summary["runs"][1]["warnings"]   # what is wrong with the second run alone
 
 Overhead: linear in the number of transitions and actions (evaluations are already folded).
 """
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from typing import Iterable
 
-from .audit import Audit, Track
+from .audit import Audit, Run, Track
 from .fmt import Clock, duration
 
 WOULD_ACT = ("planned", "alerted")
 HEADLINE_OUTCOMES = ("applied", "planned", "alerted", "reverted", "failed")
+# every action outcome the audit writes (docs/audit-format.md), in the order the pages list them
+OUTCOMES = ("applied", "planned", "alerted", "notified", "noop", "failed", "reverted", "would-revert", "kept",
+            "adopted", "target-gone", "resolved")
+OUTCOME_MEANING = {
+    "applied": "enforce: the change was made",
+    "planned": "dry-run: the change it would have made",
+    "alerted": "alert-only: an alert instead of the change",
+    "notified": "an alert or log action was sent",
+    "noop": "already in the desired state",
+    "failed": "the actuator failed",
+    "reverted": "a change undone",
+    "would-revert": "dry-run: the undo it would have done",
+    "kept": "rollback never: the change stays",
+    "adopted": "a restarted controller kept a change from its journal",
+    "target-gone": "the process or object the change was for is gone",
+    "resolved": "an alert this rule raised, resolved",
+}
+ROLLBACK_OUTCOMES = ("reverted", "would-revert", "kept", "target-gone", "resolved", "adopted")
+MANUAL_POLICY = "manual"
 
 
-def declared_rules(audit: Audit) -> list[tuple[str, dict]]:
-    """(policy name, rule dict) for every rule the ``run`` record lists, in its order."""
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def outcome_order(outcome: str) -> int:
+    return OUTCOMES.index(outcome) if outcome in OUTCOMES else len(OUTCOMES)
+
+
+def ordered_outcomes(counts: dict) -> list[tuple[str, int]]:
+    """(outcome, count) for the outcomes that occurred, in the pages' order."""
+    return sorted(((o, n) for o, n in counts.items() if n), key=lambda kv: (outcome_order(kv[0]), kv[0]))
+
+
+def declared_rules(run: Run) -> list[tuple[str, dict]]:
+    """(policy name, rule dict) for every rule the run declared (its ``run``
+    record, then successful reloads), in that order."""
     out = []
-    for policy in (audit.run or {}).get("policies") or ():
-        if isinstance(policy, dict):
-            out.extend((str(policy.get("name")), rule) for rule in policy.get("rules") or ()
-                       if isinstance(rule, dict))
+    for policy in run.policies.values():
+        out.extend((str(policy.get("name")), rule) for rule in policy.get("rules") or () if isinstance(rule, dict))
     return out
 
 
-def _ordered_tracks(audit: Audit) -> list[Track]:
+def _ordered_tracks(run: Run) -> list[Track]:
     order = {}
-    for i, (policy, rule) in enumerate(declared_rules(audit)):
+    for i, (policy, rule) in enumerate(declared_rules(run)):
         order.setdefault((policy, str(rule.get("name"))), i)
-    return sorted(audit.tracks.values(),
+    return sorted(run.tracks.values(),
                   key=lambda t: (order.get((t.policy, t.rule), len(order)), t.policy, t.rule, t.target))
 
 
-def declared_modes(audit: Audit) -> dict[str, str]:
+def declared_modes(run: Run) -> dict[str, str]:
     """Policy name -> the mode it ran in, from the ``run`` record (override applied)."""
-    run = audit.run or {}
-    override = run.get("mode_override")
-    return {p.get("name"): str(override or p.get("mode") or "?")
-            for p in run.get("policies") or () if isinstance(p, dict)}
+    override = (run.run or {}).get("mode_override")
+    return {name: str(override or p.get("mode") or "?") for name, p in run.policies.items()}
 
 
 def _track_mode(track: Track, declared: dict[str, str]) -> str:
@@ -58,69 +94,117 @@ def _track_mode(track: Track, declared: dict[str, str]) -> str:
     return declared.get(track.policy, "?")
 
 
+def episodes(transitions: list[dict]) -> list[tuple[float, float]]:
+    """(onset, fired) of each firing: onset is the ``pending`` that led to it
+    (the last one not cleared before it fired), or the firing itself."""
+    out, pending = [], None
+    for t in transitions:
+        to = t.get("to")
+        if to == "pending":
+            pending = t["ts"]
+        elif to == "ok" and t.get("from") in ("pending", "firing"):
+            pending = None
+        elif to == "firing":
+            out.append((pending if pending is not None else t["ts"], t["ts"]))
+            pending = None
+    return out
+
+
+def _onset_of(eps: list[tuple[float, float]], fired: list[float], ts: float) -> float | None:
+    i = bisect.bisect_right(fired, ts) - 1
+    return eps[i][0] if i >= 0 else None
+
+
 def _row(track: Track, declared: dict[str, str], complete: bool) -> dict:
     transitions = sorted(track.transitions, key=lambda r: r["ts"])
     actions = sorted(track.actions, key=lambda r: r["ts"])
     outcomes = Counter(str(a.get("outcome") or "?") for a in actions)
-    onset = transitions[0]["ts"] if transitions else None
+    eps = episodes(transitions)
+    fired = [e[1] for e in eps]
+    first = next(((a["ts"], o) for a in actions
+                  if a.get("outcome") not in ROLLBACK_OUTCOMES
+                  and (o := _onset_of(eps, fired, a["ts"])) is not None), None)
     remediated = next((t["ts"] for t in transitions if t.get("to") == "remediated"), None)
+    remediated_onset = _onset_of(eps, fired, remediated) if remediated is not None else None
+    onset = first[1] if first else (eps[0][0] if eps else (transitions[0]["ts"] if transitions else None))
     final = str(transitions[-1].get("to") or "?") if transitions else (track.last_eval_state or "ok")
     row = {
-        "policy": track.policy, "rule": track.rule, "target": track.target,
+        "run": track.run, "policy": track.policy, "rule": track.rule, "target": track.target,
         "target_labels": track.labels, "mode": _track_mode(track, declared),
         "final_state": final, "evals": track.evals, "transitions": len(transitions),
-        "firings": sum(1 for t in transitions if t.get("to") == "firing"),
+        "firings": len(eps),
         "actions": dict(sorted(outcomes.items())),
         "actuators": sorted({str(a.get("actuator") or "?") for a in actions}),
         "would_have_acted": sum(outcomes[o] for o in WOULD_ACT),
         "limits": dict(sorted(Counter(str(lim.get("reason") or "?") for lim in track.limits).items())),
+        "errors": track.errors,
         "onset": onset,
-        "first_action_s": actions[0]["ts"] - onset if actions and onset is not None else None,
-        "remediated_s": remediated - onset if remediated is not None and onset is not None else None,
+        "first_action_s": first[0] - first[1] if first else None,
+        "remediated_s": remediated - remediated_onset if remediated_onset is not None else None,
+        "retired_at": track.retired_at,
+        "active": track.active,
     }
     row["verdict"] = verdict(row, complete)
     return row
 
 
 def verdict(row: dict, complete: bool = True) -> str:
-    """One line a person reads first: what the rule did for this target."""
+    """One line a person reads first: what the rule did for this target, in the audit's words."""
     acts = row["actions"]
-    if row["transitions"] == 0 and not acts:
-        return f"never fired ({row['evals']} evaluations)"
+    if row["transitions"] == 0 and not acts and not row.get("errors"):
+        gone = "; target gone" if row.get("retired_at") is not None else ""
+        return f"never fired ({plural(row['evals'], 'evaluation')}){gone}"
     parts = [f"fired {row['firings']}x"] if row["firings"] else [f"reached {row['final_state']}"]
-    for outcome, words in (("applied", "applied"), ("failed", "failed"), ("reverted", "reverted"),
-                           ("notified", "notified"), ("noop", "already in place")):
-        if acts.get(outcome):
-            parts.append(f"{words} {acts[outcome]}")
-    if row["would_have_acted"]:
-        parts.append(f"would have acted {row['would_have_acted']}x")
-    if acts.get("would-revert"):
-        parts.append(f"would have reverted {acts['would-revert']}")
+    parts += [f"{outcome} {n}" for outcome, n in ordered_outcomes(acts)]
     if row["limits"]:
         parts.append("held back " + ", ".join(f"{n}x {r}" for r, n in row["limits"].items()))
+    if row.get("errors"):
+        parts.append(f"raised {row['errors']}x")
     if row["remediated_s"] is not None:
-        parts.append(f"remediated {duration(row['remediated_s'])} after onset")
+        parts.append(f"remediated {duration(row['remediated_s'])} after the breach")
     end = "when the audit stops" if not complete else "at the end"
     parts.append(f"{row['final_state']} {end}")
     return "; ".join(parts)
 
 
-def _warnings(audit: Audit, counts: dict, clock: Clock) -> list[str]:
+def _counts(run_or_runs, rows: list[dict]) -> dict:
+    runs = run_or_runs if isinstance(run_or_runs, list) else [run_or_runs]
+    outcomes = Counter(str(a.get("outcome") or "?") for run in runs for a in run.actions)
+    return {
+        "records": sum(r.record_count for r in runs), "evals": sum(r.evals for r in runs),
+        "transitions": sum(len(r.transitions) for r in runs),
+        "actions": dict(sorted(outcomes.items())),
+        "would_have_acted": sum(outcomes[o] for o in WOULD_ACT),
+        "limits": dict(sorted(Counter(str(lim.get("reason") or "?") for r in runs for lim in r.limits).items())),
+        "errors": sum(len(r.errors) for r in runs),
+        "targets": len(rows), "active_targets": sum(1 for row in rows if row["active"]),
+        "retired": sum(r.retired for r in runs),
+        "reloads": sum(len(r.reloads) for r in runs),
+    }
+
+
+def _manual_only(run: Run) -> bool:
+    return run.run is None and run.end is None and all(t.policy == MANUAL_POLICY for t in run.tracks.values())
+
+
+def _run_warnings(audit: Audit, run: Run, counts: dict, clock: Clock) -> list[str]:
     out = []
-    if audit.run is None:
-        out.append("no `run` record: source, modes and policies are unknown")
-    if audit.record_count == 0:
-        out.append("the audit holds no readable record")
-    elif not audit.complete:
-        out.append(f"the audit ends without an `end` record (last record at {clock.stamp(audit.last_ts)}): "
-                   "the controller stopped before finishing (crash or kill); counts cover what it wrote")
-    if audit.malformed_count:
-        first = audit.malformed[0]
-        out.append(f"{audit.malformed_count} malformed line(s) skipped (first: line {first['line']}, {first['reason']})")
-    for kind, n in sorted(audit.unknown_kinds.items()):
-        out.append(f"{n} record(s) of unknown kind '{kind}' ignored")
-    end = (audit.end or {}).get("summary")
-    if isinstance(end, dict):
+    following = audit.runs[run.index] if run.index < len(audit.runs) else None
+    if run.run is None and not _manual_only(run):
+        if run.index == 1:
+            out.append("no `run` record: source, modes and policies are unknown (the start of this run may "
+                       "be in a rotated file no longer here)")
+        else:
+            out.append(f"records after the `end` of run {run.index - 1} without a `run` record of their own")
+    if run.record_count and not run.complete and not _manual_only(run):
+        if following is not None and following.run is not None:
+            out.append(f"no `end` record before the next start at {clock.stamp(following.first_ts)} (last record "
+                       f"at {clock.stamp(run.last_ts)}): the controller stopped without finishing (crash or kill)")
+        else:
+            out.append(f"the audit ends without an `end` record (last record at {clock.stamp(run.last_ts)}): "
+                       "the controller stopped before finishing (crash or kill); counts cover what it wrote")
+    end = (run.end or {}).get("summary")
+    if isinstance(end, dict) and run.run is not None:
         claims = {"transitions": counts["transitions"], "would_have_acted": counts["would_have_acted"],
                   "applied": counts["actions"].get("applied", 0), "reverted": counts["actions"].get("reverted", 0)}
         for name, seen in claims.items():
@@ -129,11 +213,45 @@ def _warnings(audit: Audit, counts: dict, clock: Clock) -> list[str]:
         if isinstance(end.get("actions"), dict) and end["actions"] != counts["actions"]:
             out.append(f"the controller's end summary says actions={end['actions']}, "
                        f"the records show {counts['actions']}")
-    seen_rules = {(t.policy, t.rule) for t in audit.tracks.values()}
-    for policy, rule in declared_rules(audit):
+    seen_rules = {(t.policy, t.rule) for t in run.tracks.values()}
+    for policy, rule in declared_rules(run):
         if (policy, str(rule.get("name"))) not in seen_rules:
             out.append(f"rule {policy}/{rule.get('name')} was never evaluated")
     return out
+
+
+def _file_warnings(audit: Audit) -> list[str]:
+    out = []
+    if audit.record_count == 0:
+        out.append("the audit holds no readable record")
+    if audit.malformed_count:
+        first = audit.malformed[0]
+        out.append(f"{audit.malformed_count} malformed line(s) skipped "
+                   f"(first: line {first['line']}, {first['reason']})")
+    for kind, n in sorted(audit.unknown_kinds.items()):
+        out.append(f"{n} record(s) of unknown kind '{kind}' ignored")
+    return out
+
+
+def _run_summary(audit: Audit, run: Run, rows: list[dict], clock: Clock) -> dict:
+    declared = declared_modes(run)
+    counts = _counts(run, rows)
+    modes = list(dict.fromkeys([*declared.values(), *(r["mode"] for r in rows)]))
+    start, end = run.first_ts, run.last_ts
+    return {
+        "index": run.index, "source": run.source if run.run is not None else
+        ("manual" if _manual_only(run) else "unknown"),
+        "started_at": (run.run or {}).get("started_at"),
+        "mode_override": (run.run or {}).get("mode_override"),
+        "modes": [m for m in modes if m != "?"],
+        "start": start, "end": end,
+        "duration": end - start if start is not None and end is not None else None,
+        "complete": run.complete, "has_run_record": run.run is not None,
+        "counts": counts,
+        "end_summary": (run.end or {}).get("summary"),
+        "reloads": run.reloads,
+        "warnings": _run_warnings(audit, run, counts, clock),
+    }
 
 
 def summarize(records: Iterable[dict] | Audit) -> dict:
@@ -141,55 +259,105 @@ def summarize(records: Iterable[dict] | Audit) -> dict:
     ``AuditFile`` or an already folded ``Audit``."""
     audit = records if isinstance(records, Audit) else Audit.from_records(records)
     clock = Clock(audit.wall_clock)
-    declared = declared_modes(audit)
-    rows = [_row(t, declared, audit.complete) for t in _ordered_tracks(audit)]
-    outcomes = Counter(str(a.get("outcome") or "?") for a in audit.actions)
-    counts = {
-        "records": audit.record_count, "evals": audit.evals, "transitions": len(audit.transitions),
-        "actions": dict(sorted(outcomes.items())),
-        "would_have_acted": sum(outcomes[o] for o in WOULD_ACT),
-        "limits": dict(sorted(Counter(str(lim.get("reason") or "?") for lim in audit.limits).items())),
-        "malformed": audit.malformed_count,
-    }
-    modes = list(dict.fromkeys([*declared.values(), *(r["mode"] for r in rows)]))
+    rows, runs = [], []
+    for run in audit.runs:
+        declared = declared_modes(run)
+        run_rows = [_row(t, declared, run.complete) for t in _ordered_tracks(run)]
+        runs.append(_run_summary(audit, run, run_rows, clock))
+        rows += run_rows
+    counts = _counts(audit.runs, rows)
+    counts["malformed"] = audit.malformed_count
+    warnings = _file_warnings(audit)
+    several = len(runs) > 1
+    for run in runs:
+        warnings += [f"run {run['index']}: {w}" if several else w for w in run["warnings"]]
+    modes = list(dict.fromkeys(m for run in runs for m in run["modes"]))
+    first = next((r for r in runs if r["has_run_record"]), runs[0] if runs else None)
     start, end = audit.first_ts, audit.last_ts
     return {
         "source": audit.source,
-        "started_at": (audit.run or {}).get("started_at"),
-        "mode_override": (audit.run or {}).get("mode_override"),
-        "modes": [m for m in modes if m != "?"],
+        "started_at": first["started_at"] if first else None,
+        "mode_override": first["mode_override"] if first else None,
+        "modes": modes,
         "wall_clock": audit.wall_clock,
         "start": start, "end": end,
         "duration": end - start if start is not None and end is not None else None,
         "complete": audit.complete,
         "counts": counts,
         "end_summary": (audit.end or {}).get("summary"),
-        "warnings": _warnings(audit, counts, clock),
+        "warnings": warnings,
+        "file_warnings": _file_warnings(audit),
+        "runs": runs,
         "rules": rows,
     }
 
 
+def quiet_groups(rows: list[dict]) -> list[dict]:
+    """One entry per (run, policy, rule) for its targets that never fired: how
+    many, their evaluations, how many are gone (retired)."""
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        if r["active"]:
+            continue
+        key = (r["run"], r["policy"], r["rule"])
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = {"run": key[0], "policy": key[1], "rule": key[2], "mode": r["mode"], "targets": 0,
+                               "evals": 0, "retired": 0, "examples": []}
+        g["targets"] += 1
+        g["evals"] += r["evals"]
+        g["retired"] += r["retired_at"] is not None
+        if len(g["examples"]) < 3:
+            g["examples"].append(r["target"])
+    return list(groups.values())
+
+
+def quiet_line(g: dict) -> str:
+    """'dataloader-io / worker-read-slow: 404 targets never fired (1,212 evaluations; 398 gone), e.g. pid=1, pid=2'."""
+    n = g["targets"]
+    gone = f"; {g['retired']:,} gone" if g["retired"] else ""
+    examples = ", ".join(g["examples"]) + (", ..." if n > len(g["examples"]) else "")
+    return (f"{g['policy']} / {g['rule']}: {plural(n, 'target')} never fired "
+            f"({plural(g['evals'], 'evaluation')}{gone}), e.g. {examples}")
+
+
 def _actions_cell(actions: dict) -> str:
-    return " ".join(f"{k}:{v}" for k, v in actions.items()) or "-"
+    return " ".join(f"{k}:{v}" for k, v in ordered_outcomes(actions)) or "-"
+
+
+def counts_line(c: dict) -> str:
+    """'10 transitions; applied 2, notified 1, reverted 2; 3 held back' in the audit's outcome names."""
+    acts = ", ".join(f"{o} {n}" for o, n in ordered_outcomes(c["actions"])) or "no action"
+    held = sum(c["limits"].values())
+    return f"{c['transitions']} transitions; {acts}" + (f"; {held} held back" if held else "")
 
 
 def format_summary_table(summary: dict) -> str:
-    """A plain-text table with aligned columns, then totals and warnings."""
+    """A plain-text table of the targets that did something (aligned columns), one
+    line per rule for the targets that never fired, then totals and warnings."""
     header = ("POLICY", "RULE", "TARGET", "MODE", "STATE", "FIRED", "ACTIONS", "WOULD-ACT",
               "1ST-ACTION", "REMEDIATED")
-    rows = [(r["policy"], r["rule"], r["target"], r["mode"], r["final_state"], str(r["firings"]),
+    several = len(summary.get("runs") or ()) > 1
+    if several:
+        header = ("RUN",) + header
+    active = [r for r in summary["rules"] if r["active"]]
+    rows = [((str(r["run"]),) if several else ()) + (
+             r["policy"], r["rule"], r["target"], r["mode"], r["final_state"], str(r["firings"]),
              _actions_cell(r["actions"]), str(r["would_have_acted"]),
-             duration(r["first_action_s"]), duration(r["remediated_s"])) for r in summary["rules"]]
+             duration(r["first_action_s"]), duration(r["remediated_s"])) for r in active]
     widths = [max(len(cells[i]) for cells in [header, *rows]) for i in range(len(header))]
-    numeric = {5, 7, 8, 9}
+    numeric = {i + several for i in (5, 7, 8, 9)}
     lines = ["  ".join(c.rjust(w) if i in numeric else c.ljust(w)
                        for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
              for cells in [header, *rows]]
-    if not rows:
+    if not summary["rules"]:
         lines.append("(no rule was evaluated)")
-    c = summary["counts"]
-    totals = " ".join(f"{o}={c['actions'].get(o, 0)}" for o in HEADLINE_OUTCOMES)
-    lines.append(f"{summary['source']}: {c['transitions']} transitions, actions {totals}, "
-                 f"would have acted {c['would_have_acted']}x, {sum(c['limits'].values())} held back")
+    elif not active:
+        lines.append("(no target fired)")
+    for g in quiet_groups(summary["rules"]):
+        lines.append((f"run {g['run']}: " if several else "") + quiet_line(g))
+    for run in summary.get("runs") or ():
+        label = f"run {run['index']} ({run['source']})" if several else summary["source"]
+        lines.append(f"{label}: {counts_line(run['counts'])}")
     lines.extend(f"! {w}" for w in summary["warnings"])
     return "\n".join(lines)

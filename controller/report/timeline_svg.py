@@ -5,15 +5,22 @@ would-revert ▽, failed ✕, alerted ◆, notified ●, noop ○, kept ■, ado
 a strip naming the state the rule was in, then one panel per condition with the
 evaluated value (solid), its threshold (dashed; it moves when the threshold is a
 multiple of a learned baseline) and the baseline (dotted), over bands shaded by
-state. Every marker and band has a ``<title>`` tooltip. Series are thinned with
-M4 to at most 4 points per pixel column, so 100k evaluations stay a few kB.
+state. Every line is a step: a value holds from its evaluation to the next one
+of the rule (live audits write evaluations sparsely, so a straight line between
+two would hide a jump), and stops where the condition was no longer evaluated
+(a verify condition after verifying) or its target was retired (a grey "gone"
+line). Sparse series also get a dot per evaluation. Every marker and band has a
+``<title>`` tooltip; actions of one outcome that fall on the same few pixels
+share one marker (``data-count`` says how many). Series are thinned with M4 to
+at most 4 points per ``BUCKET_PX`` pixels, so 100k evaluations stay a few kB.
+Axis numbers use one form throughout: 950, 1k, 1.5k, 10k, 2.5M.
 
 Example::
 
-    svg = render_timeline(audit.tracks[("numa", "repin", "pid=4242")],
-                          t0=audit.first_ts, t1=audit.last_ts, clock=Clock(wall=False))
+    svg = render_timeline(run.tracks[("numa", "repin", "pid=4242")],
+                          t0=run.first_ts, t1=run.last_ts, clock=Clock(wall=False))
 
-Overhead: linear in the track's evaluations; output O(width x conditions).
+Overhead: linear in the track's evaluations and actions; output O(width x conditions).
 """
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ from html import escape
 
 from ..signals import CATALOGUE
 from .audit import Series, Track
-from .downsample import change_points, m4
+from .downsample import change_points, step_segments
 from .fmt import Clock, number
 
 WIDTH = 1000
@@ -36,6 +43,9 @@ PANEL_H = 110
 PANEL_GAP = 10
 AXIS_H = 40
 MARKER_R = 5.0
+BUCKET_PX = 2                 # M4 columns are this wide: the picture is the same, the path half as long
+DOTS_UNDER = 120              # a series with fewer evaluations than this shows each one as a dot
+MARKER_SLOT_PX = 2 * MARKER_R + 1
 
 STATE_COLOURS = {
     "pending": "#ffe066", "firing": "#ff8787", "acting": "#ffa94d", "verifying": "#74c0fc",
@@ -44,6 +54,9 @@ STATE_COLOURS = {
 }
 UNKNOWN_STATE_COLOUR = "#fab005"
 BAND_OPACITY = 0.28
+BAND_EXACT_PX = 3.0           # narrower state intervals are summed per column of BUSY_COL_PX
+BUSY_COL_PX = 2
+GUIDES_UNDER = 40             # a lane with more marker slots than this draws no guide lines
 
 # outcome -> (shape, colour, filled, glyph for legends)
 MARKERS = {
@@ -124,11 +137,11 @@ def _shape(kind: str, x: float, y: float, r: float = MARKER_R) -> str:
     return f"M{x - r:.1f},{y:.1f}a{r},{r} 0 1,0 {2 * r:.1f},0a{r},{r} 0 1,0 {-2 * r:.1f},0Z"
 
 
-def marker_svg(outcome: str, x: float, y: float, tooltip: str) -> str:
+def marker_svg(outcome: str, x: float, y: float, tooltip: str, count: int = 1) -> str:
     shape, colour, filled, _ = MARKERS.get(outcome, UNKNOWN_MARKER)
     width = 2 if shape == "x" else 1.4
     fill = colour if filled else "#fff"
-    return (f'<g class="marker" data-outcome="{escape(outcome)}"><title>{escape(tooltip)}</title>'
+    return (f'<g class="marker" data-outcome="{escape(outcome)}" data-count="{count}"><title>{escape(tooltip)}</title>'
             f'<path d="{_shape(shape, x, y)}" fill="{fill if shape != "x" else "none"}" stroke="{colour}" '
             f'stroke-width="{width}"/></g>')
 
@@ -139,6 +152,7 @@ class Timeline:
     def __init__(self, track: Track, t0: float, t1: float, clock: Clock, complete: bool = True) -> None:
         self.track, self.clock, self.complete = track, clock, complete
         self.t0, self.t1 = t0, (t1 if t1 > t0 else t0 + 1.0)
+        self.until = min(track.retired_at, t1) if track.retired_at is not None else t1   # the last value holds to here
         self.series = list(track.series.values())
         self.panels_top = LANE_H + STRIP_H + 6
         self.bottom = self.panels_top + max(1, len(self.series)) * (TITLE_H + PANEL_H + PANEL_GAP)
@@ -163,6 +177,12 @@ class Timeline:
             parts.append(f'<text x="{LEFT + PLOT_W / 2}" y="{self.panels_top + TITLE_H + PANEL_H / 2}" '
                          f'text-anchor="middle" fill="#868e96">no evaluations recorded</text>')
         parts += self._markers()
+        if self.track.retired_at is not None:
+            x = self.x(self.track.retired_at)
+            parts.append(f'<g class="gone"><title>{escape(self.clock.at(self.track.retired_at))}: the target was '
+                         f'retired (its series stopped)</title><line x1="{x:.1f}" y1="{LANE_H}" x2="{x:.1f}" '
+                         f'y2="{self.bottom}" stroke="#868e96" stroke-width="1.5"/><text x="{x + 3:.1f}" '
+                         f'y="{LANE_H + 11}" font-size="10" fill="#495057">gone</text></g>')
         if not self.complete:
             x = self.x(self.t1)
             parts.append(f'<g class="audit-stops"><title>the audit stops here (no end record)</title>'
@@ -180,27 +200,69 @@ class Timeline:
             out.append((str(rec.get("to") or "?"), rec["ts"], end))
         return out
 
+    def _band(self, state: str, xa: float, xb: float, tip: str, cls: str = "band") -> list[str]:
+        colour = STATE_COLOURS.get(state, UNKNOWN_STATE_COLOUR)
+        parts = [f'<g class="{cls}" data-state="{escape(state)}"><title>{escape(tip)}</title>'
+                 f'<rect x="{xa:.1f}" y="{LANE_H}" width="{xb - xa:.1f}" height="{STRIP_H - 2}" fill="{colour}"/>'
+                 f'<rect x="{xa:.1f}" y="{self.panels_top}" width="{xb - xa:.1f}" '
+                 f'height="{self.bottom - self.panels_top}" fill="{colour}" opacity="{BAND_OPACITY}"/>']
+        if xb - xa > 7 * len(state) + 6:
+            parts.append(f'<text x="{xa + 3:.1f}" y="{LANE_H + 11}" font-size="10" fill="#212529">'
+                         f'{escape(state)}</text>')
+        parts.append("</g>")
+        return parts
+
     def _bands(self) -> list[str]:
+        """A band per state interval at least ``BAND_EXACT_PX`` wide; narrower ones (a
+        rule that flaps) are summed per pixel column, which shows its busiest state."""
         parts = [f'<text x="{LEFT - 6}" y="{LANE_H + 12}" text-anchor="end" fill="#495057">state</text>',
                  f'<rect x="{LEFT}" y="{LANE_H}" width="{PLOT_W}" height="{STRIP_H - 2}" fill="#f8f9fa" '
                  'stroke="#dee2e6"/>']
+        per_col = (self.t1 - self.t0) / PLOT_W * BUSY_COL_PX
+        columns: dict[int, dict[str, float]] = {}
         for state, a, b in self._state_intervals():
-            if state == "ok":
+            if state == "ok" or b <= a:
                 continue
             xa, xb = self.x(a), self.x(b)
-            if xb - xa < 0.5:
+            if xb - xa >= BAND_EXACT_PX:
+                parts += self._band(state, xa, xb, f"{state}: {self.clock.at(a)} – {self.clock.at(b)}")
                 continue
+            col = int((a - self.t0) / per_col)
+            while a < b:
+                edge = min(b, self.t0 + (col + 1) * per_col)
+                cell = columns.setdefault(col, {})
+                cell[state] = cell.get(state, 0.0) + (edge - a)
+                a, col = edge, col + 1
+        if columns:
+            parts += self._busy(columns, per_col)
+        return parts
+
+    def _busy(self, columns: dict[int, dict[str, float]], per_col: float) -> list[str]:
+        """Columns of short state intervals: the strip shows each column's busiest
+        state (one path per state); the panels get one light band per busy stretch."""
+        paths: dict[str, list[str]] = {}
+        stretches: list[list[int]] = []
+        for col in sorted(columns):
+            state = max(columns[col].items(), key=lambda kv: kv[1])[0]
+            paths.setdefault(state, []).append(f"M{LEFT + col * BUSY_COL_PX},{LANE_H}h{BUSY_COL_PX}v{STRIP_H - 2}"
+                                               f"h-{BUSY_COL_PX}z")
+            if stretches and stretches[-1][1] == col - 1:
+                stretches[-1][1] = col
+            else:
+                stretches.append([col, col])
+        parts = ['<g class="band busy">']
+        for state, d in paths.items():
             colour = STATE_COLOURS.get(state, UNKNOWN_STATE_COLOUR)
-            tip = escape(f"{state}: {self.clock.at(a)} – {self.clock.at(b)}")
-            parts.append(f'<g class="band" data-state="{escape(state)}"><title>{tip}</title>'
-                         f'<rect x="{xa:.1f}" y="{LANE_H}" width="{xb - xa:.1f}" height="{STRIP_H - 2}" '
-                         f'fill="{colour}"/>'
-                         f'<rect x="{xa:.1f}" y="{self.panels_top}" width="{xb - xa:.1f}" '
-                         f'height="{self.bottom - self.panels_top}" fill="{colour}" opacity="{BAND_OPACITY}"/>')
-            if xb - xa > 7 * len(state) + 6:
-                parts.append(f'<text x="{xa + 3:.1f}" y="{LANE_H + 11}" font-size="10" fill="#212529">'
-                             f'{escape(state)}</text>')
-            parts.append("</g>")
+            parts.append(f'<path data-state="{escape(state)}" d="{"".join(d)}" fill="{colour}">'
+                         f"<title>{escape(state)} (many short intervals)</title></path>")
+        for a, b in stretches:
+            xa, xb = LEFT + a * BUSY_COL_PX, LEFT + (b + 1) * BUSY_COL_PX
+            tip = (f"{self.clock.at(self.t0 + a * per_col)} – {self.clock.at(self.t0 + (b + 1) * per_col)}: many "
+                   "short state changes (the strip above shows the busiest state of each moment)")
+            parts.append(f'<rect x="{xa}" y="{self.panels_top}" width="{xb - xa}" '
+                         f'height="{self.bottom - self.panels_top}" '
+                         f'fill="#868e96" opacity="0.12"><title>{escape(tip)}</title></rect>')
+        parts.append("</g>")
         return parts
 
     def _time_axis(self) -> list[str]:
@@ -218,27 +280,39 @@ class Timeline:
                      f'fill="#212529">{escape(self.clock.axis_label(step))}</text>')
         return parts
 
-    def _path(self, segments, y: YScale, step: bool) -> str:
+    def _path(self, segments, y: YScale) -> str:
+        """A step path in relative moves: each value holds until the next point, the
+        last until its segment's end; x in whole pixels, y in tenths."""
         d = []
-        for seg in segments:
-            for i, (t, v) in enumerate(seg):
-                px, py = self.x(t), y(v)
-                if i == 0:
-                    d.append(f"M{px:.1f},{py:.1f}")
-                elif step:
-                    d.append(f"H{px:.1f}V{py:.1f}")
+        for seg, end in segments:
+            px = py = None
+            for t, v in seg:
+                nx, ny = round(self.x(t)), round(y(v), 1)
+                if px is None:
+                    d.append(f"M{nx},{ny:g}")
                 else:
-                    d.append(f"L{px:.1f},{py:.1f}")
+                    if nx != px:
+                        d.append(f"h{nx - px}")
+                    if ny != py:
+                        d.append(f"v{round(ny - py, 1):g}")
+                px, py = nx, ny
+            ex = round(self.x(min(end, self.t1)))
+            if ex != px:
+                d.append(f"h{ex - px}")
         return "".join(d)
 
     def _panel(self, series: Series, top: float) -> list[str]:
-        order = sorted(range(len(series.ts)), key=series.ts.__getitem__)
-        ts = [series.ts[i] for i in order]
-        columns = {name: [getattr(series, name)[i] for i in order] for name in ("value", "threshold", "baseline")}
+        ts = list(series.ts)
+        columns = {name: list(getattr(series, name)) for name in ("value", "threshold", "baseline")}
+        if any(b < a for a, b in zip(ts, ts[1:])):       # a wall clock that stepped back
+            order = sorted(range(len(ts)), key=ts.__getitem__)
+            ts = [ts[i] for i in order]
+            columns = {name: [col[i] for i in order] for name, col in columns.items()}
         finite = [v for col in columns.values() for v in col if not math.isnan(v)]
         plot_top = top + TITLE_H
         y = YScale(finite, plot_top, PANEL_H)
         unit = unit_of(series)
+        buckets = max(1, PLOT_W // BUCKET_PX)
         parts = [f'<text x="{LEFT}" y="{top + 13}" font-weight="bold" fill="#212529">{escape(series.condition)}</text>',
                  f'<rect x="{LEFT}" y="{plot_top}" width="{PLOT_W}" height="{PANEL_H}" fill="none" stroke="#adb5bd"/>',
                  f'<text transform="translate(14,{plot_top + PANEL_H / 2}) rotate(-90)" text-anchor="middle" '
@@ -252,42 +326,57 @@ class Timeline:
         for name, colour, dash, width in (("baseline", BASELINE_COLOUR, "2 3", 1.2),
                                           ("threshold", THRESHOLD_COLOUR, "6 4", 1.5)):
             ct, cv = change_points(ts, columns[name])
-            d = self._path(m4(ct, cv, self.t0, self.t1, PLOT_W), y, step=True)
+            d = self._path(step_segments(ct, cv, self.t0, self.t1, buckets, self.until), y)
             if d:
                 parts.append(f'<path class="{name}" d="{d}" fill="none" stroke="{colour}" '
                              f'stroke-width="{width}" stroke-dasharray="{dash}"/>')
-        d = self._path(m4(ts, columns["value"], self.t0, self.t1, PLOT_W), y, step=False)
+        values = columns["value"]
+        d = self._path(step_segments(ts, values, self.t0, self.t1, buckets, self.until), y)
         if d:
             parts.append(f'<path class="value" d="{d}" fill="none" stroke="{VALUE_COLOUR}" stroke-width="1.6"/>')
+            if len(ts) < DOTS_UNDER:
+                dots = "".join(f'<circle cx="{self.x(t):.1f}" cy="{y(v):.1f}" r="2"/>'
+                               for t, v in zip(ts, values) if not math.isnan(v))
+                parts.append(f'<g class="evals" fill="{VALUE_COLOUR}">{dots}</g>')
         else:
             parts.append(f'<text x="{LEFT + PLOT_W / 2}" y="{plot_top + PANEL_H / 2}" text-anchor="middle" '
                          'fill="#868e96">no data</text>')
         return parts
 
     def _markers(self) -> list[str]:
+        """One marker per outcome and slot of ``MARKER_SLOT_PX`` pixels (its tooltip says how many and when)."""
         parts = [f'<text x="{LEFT - 6}" y="{LANE_ROWS[1] + 4}" text-anchor="end" fill="#495057">actions</text>',
                  f'<line x1="{LEFT}" y1="{LANE_H - 2}" x2="{LEFT + PLOT_W}" y2="{LANE_H - 2}" stroke="#dee2e6"/>']
-        row_end = [-math.inf] * len(LANE_ROWS)
-        guides = set()
+        slots: dict[tuple[int, str], list[dict]] = {}
         for rec in sorted(self.track.actions, key=lambda r: r["ts"]):
             outcome = str(rec.get("outcome") or "?")
-            x = self.x(rec["ts"])
+            slot = int((self.x(rec["ts"]) - LEFT) // MARKER_SLOT_PX)
+            slots.setdefault((slot, outcome), []).append(rec)
+        row_end = [-math.inf] * len(LANE_ROWS)
+        guides, lines = set(), []
+        for (_, outcome), recs in sorted(slots.items(), key=lambda kv: kv[1][0]["ts"]):
+            x = self.x(recs[0]["ts"])
             row = next((i for i, end in enumerate(row_end) if x - end >= 2 * MARKER_R + 1),
                        min(range(len(row_end)), key=row_end.__getitem__))
             row_end[row] = x
             colour = MARKERS.get(outcome, UNKNOWN_MARKER)[1]
-            if (round(x), colour) not in guides:
+            if len(slots) <= GUIDES_UNDER and (round(x), colour) not in guides:
                 guides.add((round(x), colour))
-                parts.insert(0, f'<line x1="{x:.1f}" y1="{LANE_H}" x2="{x:.1f}" y2="{self.bottom}" '
-                                f'stroke="{colour}" stroke-dasharray="2 3" opacity="0.5"/>')
-            parts.append(marker_svg(outcome, x, LANE_ROWS[row], self._tooltip(rec, outcome)))
-        return parts
+                lines.append(f'<line x1="{x:.1f}" y1="{LANE_H}" x2="{x:.1f}" y2="{self.bottom}" '
+                             f'stroke="{colour}" stroke-dasharray="2 3" opacity="0.5"/>')
+            parts.append(marker_svg(outcome, x, LANE_ROWS[row], self._tooltip(recs, outcome), len(recs)))
+        return lines[::-1] + parts
 
-    def _tooltip(self, rec: dict, outcome: str) -> str:
-        change = rec.get("change") if isinstance(rec.get("change"), dict) else {}
-        lines = [f"{self.clock.at(rec['ts'])}: {rec.get('actuator', '?')} (step {rec.get('step', '?')}) {outcome}"]
-        if change.get("summary"):
-            lines.append(str(change["summary"]))
+    def _tooltip(self, recs: list[dict], outcome: str) -> str:
+        rec = recs[0]
+        step = "?" if rec.get("step") is None else rec["step"]
+        if len(recs) > 1:
+            return (f"{self.clock.at(rec['ts'])} – {self.clock.at(recs[-1]['ts'])}: {len(recs)}x "
+                    f"{rec.get('actuator') or '?'} {outcome}")
+        else:
+            lines = [f"{self.clock.at(rec['ts'])}: {rec.get('actuator') or '?'} (step {step}) {outcome}"]
+        if rec.get("summary"):
+            lines.append(str(rec["summary"]))
         if rec.get("error"):
             lines.append(f"error: {rec['error']}")
         return "\n".join(lines)

@@ -12,14 +12,16 @@ The DataLoader is PyTorch's default kind (``--workers`` 2,
 iterator forks new ``pt_data_worker`` processes.
 
 Framework hooks (``reflexarc.actuators.hooks``, job ``--job``, socket in
-``--hook-dir``): every step reports ``step_time_ms`` and
-``dataloader_batch_wait_ms`` and reaches a step boundary. The handler
+``--hook-dir``): every step reports ``step_time_ms``,
+``dataloader_batch_wait_ms`` and ``step_pre_collective_ms`` (from the batch
+wait to the moment DDP's communication hook receives the gradient bucket) and
+reaches a step boundary. The handler
 ``dataloader.prefetch(prefetch_factor=, num_workers=)`` (with preview and an
 undo restoring the settings it replaced) rebuilds the DataLoader iterator at
 the next step, mid-epoch, with the new settings.
 
 Stdout, one JSON object per line: ``{"event": "ready", ...}``; per step
-``{"event": "step", "ts": wall clock, "rank", "step", "step_ms", "wait_ms",
+``{"event": "step", "ts": wall clock, "rank", "step", "step_ms", "wait_ms", "pre_collective_ms",
 "workers", "prefetch"}`` (``step_ms`` from the end of the previous step,
 waiting included); ``{"event": "done", ...}``. The ranks agree every step
 (a one-float all-reduce) on whether to stop, so ``--duration``, ``--steps`` and
@@ -51,6 +53,7 @@ from urllib.parse import urlsplit
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
@@ -166,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank, world_size=args.world,
                             timeout=timedelta(seconds=60))
     model = DistributedDataParallel(nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, FEATURES)))
+    entered = [0.0]                           # when the step's gradients were ready for the all-reduce
+
+    def timed_allreduce(state, bucket):
+        entered[0] = time.perf_counter()
+        return allreduce_hook(state, bucket)
+    model.register_comm_hook(None, timed_allreduce)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.MSELoss()
     settings = LoaderSettings(args.prefetch, args.workers)
@@ -191,9 +200,12 @@ def main(argv: list[str] | None = None) -> int:
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
             now = time.perf_counter()
             step_ms, wait_ms, last = (now - last) * 1000.0, (got - waited) * 1000.0, now
-            hooks.report(step_time_ms=step_ms, dataloader_batch_wait_ms=wait_ms, iteration=step)
+            pre_ms = (entered[0] - waited) * 1000.0
+            hooks.report(step_time_ms=step_ms, dataloader_batch_wait_ms=wait_ms, step_pre_collective_ms=pre_ms,
+                         iteration=step)
             hooks.step_boundary()
             say(event="step", rank=args.rank, step=step, step_ms=round(step_ms, 2), wait_ms=round(wait_ms, 2),
+                pre_collective_ms=round(pre_ms, 2),
                 workers=feed.workers, prefetch=feed.prefetch, loss=round(loss.item(), 6))
             if stop.item() > 0:
                 break

@@ -65,6 +65,7 @@ PREFIX = re.compile(r"[a-z][a-z0-9]{1,7}")
 NETNS_SUFFIX = r"(r\d+|sw|sp|st)"
 LINK_SUFFIX = r"(e\d+|es|pa|pu|su|s\d+|ss|br)"
 MAX_RANKS = 16
+EPOCH_STEPS = 100          # the job's steps per epoch (each epoch forks new DataLoader workers)
 RANK0_NET, FAR_NET = "10.77.0", "10.77.1"
 STORE_PORT, SINK_PORT, RENDEZVOUS_PORT = 80, 443, 29500
 
@@ -310,7 +311,7 @@ class Testbed:
         return self.event(ts=reply["ts"], event="store-mode", mode=mode, ms=ms)
 
     def start_job(self, *, name: str | None = None, workers: int = 2, prefetch: int = 2, batch: int = 16,
-                  epoch_steps: int = 100, decode_ms: float = 0.0, steps: int | None = None,
+                  epoch_steps: int = EPOCH_STEPS, decode_ms: float = 0.0, steps: int | None = None,
                   duration: float | None = None, ready_timeout: float = 90.0) -> Job:
         """Start the training job, one process per rank in its namespace and cgroup,
         and wait until every rank is ready; ``steps`` or ``duration`` ends it (none:
