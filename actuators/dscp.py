@@ -41,8 +41,9 @@ deleted, and it always lets the packet go on to the filters after it. Revert rem
 rules, then the filter once no rule on that interface remains, then the clsact
 qdisc only if reflexarc created it (recorded in the Change and in the pinned
 ``ifaces`` map) and no other filter hangs on it. When no rule and no interface
-remains, the pins are removed too. Concurrent processes serialise on
-``<state_dir>/dscp.lock``. Revert reads only the change's owner, namespace and
+remains, the pins are removed too, and so is their directory once empty.
+Concurrent processes, whatever their ``--state-dir``, serialise on the pin
+directory itself (an flock on it). Revert reads only the change's owner, namespace and
 before/after states, so changes journaled while ``class`` was a numeric
 ``priority`` parameter still revert.
 
@@ -54,7 +55,7 @@ rules, and the interface entries nothing uses any more, from the pinned maps.
 
 Example::
 
-    act = DscpActuator(state_dir="/var/lib/reflexarc")
+    act = DscpActuator()
     change = act.plan(Target({"job": "llama"}, {"interfaces": ["eth0"], "netns": "r0"}),
                       {"dscp": "CS1", "ports": ["443"], "protocol": "tcp", "class": "1:30"})
     # change.summary == "dscp CS1 (8) on r0:eth0 for tcp ports 443-443, qdisc class 1:30 [job=llama]"
@@ -456,9 +457,7 @@ def _cgroup_id(path: str) -> int:
 class DscpActuator(Actuator):
     spec = SPECS["dscp"]
 
-    def __init__(self, state_dir: str = "/var/lib/reflexarc", pin_dir: str = DEFAULT_PIN_DIR,
-                 max_rules: int = 64) -> None:
-        self.state_dir = Path(state_dir)
+    def __init__(self, pin_dir: str = DEFAULT_PIN_DIR, max_rules: int = 64) -> None:
         self.pin_dir = Path(pin_dir)
         self.max_rules = max_rules
         self._bpf = None           # the compiled module, kept to re-pin without recompiling
@@ -545,18 +544,40 @@ class DscpActuator(Actuator):
             return
         for name in ("prog", "rules", "ifaces", "meta"):
             (self.pin_dir / name).unlink(missing_ok=True)
-        for directory in (self.pin_dir, self.pin_dir.parent):
-            try:
-                directory.rmdir()
-            except OSError:
-                break
+        self._remove_if_empty()
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.state_dir / "dscp.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
+        """One holder of the pins at a time, across controllers whatever their
+        state directory: the lock is the pin directory itself (flock on its fd).
+        A directory another holder removed meanwhile is made again and locked
+        afresh. No empty pin directory is left behind, also after a crash
+        between making it and pinning."""
+        while True:
+            self.pin_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.pin_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    current = os.stat(self.pin_dir).st_ino == os.fstat(fd).st_ino
+                except FileNotFoundError:
+                    current = False
+                if not current:
+                    continue
+                try:
+                    yield
+                finally:
+                    self._remove_if_empty()
+                return
+            finally:
+                os.close(fd)
+
+    def _remove_if_empty(self) -> None:
+        for directory in (self.pin_dir, self.pin_dir.parent):
+            try:
+                directory.rmdir()          # only succeeds when empty
+            except OSError:
+                break
 
     @contextmanager
     def _link(self, netns: str) -> Iterator[_Link]:

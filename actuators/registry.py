@@ -46,7 +46,7 @@ def build_registry(config: ActuatorConfig) -> Registry:
 
     def dscp():
         from .dscp import DscpActuator
-        return DscpActuator(state_dir=config.state_dir)
+        return DscpActuator()
 
     def alert():
         from .alert import AlertActuator

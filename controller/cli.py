@@ -590,12 +590,14 @@ def cmd_journal(args) -> int:
 
 
 # --- parser ----------------------------------------------------------------------
-def actuators_help() -> str:
-    """Every actuator a policy or ``act`` may name, with its parameters: type,
-    required or default, choices and what it is for."""
+def actuators_help(only: str | None = None) -> str:
+    """Every actuator a policy or ``act`` may name (or just ``only``), with its
+    parameters: type, required or default, choices and what it is for."""
     from reflexarc.actuators.specs import SPECS
     lines = ["actuators:"]
     for spec in SPECS.values():
+        if only is not None and spec.name != only:
+            continue
         kind = "" if spec.changes_system else " (notifies only)"
         lines.append(f"  {spec.name}{kind}: {spec.help}")
         for p in spec.params:
@@ -603,7 +605,8 @@ def actuators_help() -> str:
             choices = f", one of {'|'.join(map(str, p.choices))}" if p.choices else ""
             text = f" - {p.help}" if p.help else ""
             lines.append(f"      {p.name}={p.type} ({need}{choices}){text}")
-    lines.append("example: reflexarc act affinity cpus=0 --label trainer=4242 --mode dry-run")
+    if only is None:
+        lines.append("example: reflexarc act affinity cpus=0 --label trainer=4242 --mode dry-run")
     return "\n".join(lines)
 
 
@@ -740,7 +743,22 @@ def build_parser() -> Parser:
     return p
 
 
+def _actuator_help_asked(argv: list[str]) -> str | None:
+    """``act ACTUATOR --help``: the actuator whose parameters alone to print."""
+    from reflexarc.actuators.specs import SPECS
+    if "act" not in argv or not {"-h", "--help"} & set(argv):
+        return None
+    rest = argv[argv.index("act") + 1:]
+    return rest[0] if rest and rest[0] in SPECS else None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    only = _actuator_help_asked(argv)
+    if only is not None:
+        print(f"usage: reflexarc act {only} PARAM=VALUE ... [--pid PID | --cgroup PATH | --job NAME] [--mode MODE]")
+        print(actuators_help(only))
+        return 0
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require, require_bpf
+from conftest import require, require_bpf, require_root
 from netns import NetnsPair, sh
 
 from reflexarc.actuators.base import Change, PermanentActuatorError, Registry, Target
@@ -63,7 +63,7 @@ def shared():
 def act(dirs, shared):
     require_bpf()
     if "act" not in shared:
-        shared["act"] = DscpActuator(state_dir=dirs[0], pin_dir=dirs[1])
+        shared["act"] = DscpActuator(pin_dir=dirs[1])
     yield shared["act"]
     leftover = Path(dirs[1]).exists()
     if leftover:                  # start the next test from scratch
@@ -210,7 +210,7 @@ def test_marks_matching_udp_flows_ipv4_and_ipv6_keeping_ecn(pair, act):
 def test_prepare_compiles_ahead_and_leaves_nothing_pinned(pair, dirs):
     """The controller prepares an enforcing policy's actuators at start: the
     classifier is compiled then, no pin is left, and the first retag reuses it."""
-    act = DscpActuator(state_dir=dirs[0], pin_dir=dirs[1])
+    act = DscpActuator(pin_dir=dirs[1])
     try:
         act.prepare()
         compiled = act._bpf
@@ -328,7 +328,7 @@ def test_restarted_process_reverts_from_the_serialized_change(pair, act, dirs):
     change = act.plan(t, {"dscp": "CS5", "ports": ["5000-5001"], "protocol": "udp"})
     journaled = json.dumps(change.to_dict())
     act.apply(change)
-    restarted = DscpActuator(state_dir=dirs[0], pin_dir=dirs[1])
+    restarted = DscpActuator(pin_dir=dirs[1])
     try:
         assert send_udp(pair, 4, 5000) == (40 << 2) | ECT0
         assert restarted.read_current(t) == change.after
@@ -534,7 +534,7 @@ def test_a_change_journaled_with_a_numeric_priority_still_reverts(pair, act, dir
     before = class_counters(pair)
     assert send_udp(pair, 4, 5000) == (26 << 2) | ECT0
     assert grown(before, class_counters(pair), "1:10")[1] == 1
-    restarted = DscpActuator(state_dir=dirs[0], pin_dir=dirs[1])
+    restarted = DscpActuator(pin_dir=dirs[1])
     record = Change.from_dict(json.loads(journaled))
     assert restarted.exists(record)
     restarted.revert(record)
@@ -601,7 +601,39 @@ def test_bad_requests_are_permanent_and_plan_writes_nothing(pair, act, dirs):
 
 
 def test_dump_bpf_shows_cflags_and_source(tmp_path):
-    text = DscpActuator(state_dir=str(tmp_path), pin_dir="/sys/fs/bpf/x/dscp", max_rules=128).dump_bpf()
+    text = DscpActuator(pin_dir="/sys/fs/bpf/x/dscp", max_rules=128).dump_bpf()
     assert "// cflag: -DMAX_RULES=128" in text
     assert '-DPIN_RULES="/sys/fs/bpf/x/dscp/rules"' in text
     assert "int dscp_egress(struct __sk_buff *skb)" in text and "actuators/dscp.py" in text
+
+
+def test_pins_are_locked_across_state_dirs_and_no_empty_directory_is_left(tmp_path):
+    """Two controllers with different --state-dir share the pins, so they share
+    one lock: the pin directory itself. A directory a crash left empty (made, not
+    yet pinned) is gone after the next locked step."""
+    import fcntl
+    require_root()
+    require(Path("/sys/fs/bpf").is_dir(), "bpffs mounted at /sys/fs/bpf")
+    pin_dir = Path(f"/sys/fs/bpf/rxlock{os.getpid()}/dscp")
+    first, second = DscpActuator(pin_dir=str(pin_dir)), DscpActuator(pin_dir=str(pin_dir))
+    try:
+        pin_dir.mkdir(parents=True)                 # what a crash after mkdir leaves
+        with first._locked():
+            fd = os.open(pin_dir, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = False
+                except BlockingIOError:
+                    held = True
+            finally:
+                os.close(fd)
+            assert held, "the pin directory is not locked while a step holds it"
+        assert not pin_dir.exists() and not pin_dir.parent.exists(), "an empty pin directory was left"
+        with second._locked():                      # and the next holder makes it again
+            assert pin_dir.is_dir()
+        assert not pin_dir.parent.exists()
+    finally:
+        for d in (pin_dir, pin_dir.parent):
+            if d.exists():
+                d.rmdir()

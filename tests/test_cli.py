@@ -172,3 +172,14 @@ def test_bad_numbers_and_paths_get_one_error_line(args, word):
     assert r.returncode in (1, 2), (args, r.returncode, r.stderr)
     [line] = r.stderr.splitlines()
     assert line.startswith("error: ") and word in line, line
+
+
+def test_act_actuator_help_lists_that_actuators_parameters_from_its_spec():
+    from reflexarc.actuators.specs import SPECS
+    r = subprocess.run(RX + ["act", "dscp", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    params = [line.split("=", 1)[0].strip() for line in r.stdout.splitlines() if line.startswith("      ")]
+    assert params == [p.name for p in SPECS["dscp"].params]
+    assert "affinity" not in r.stdout
+    every = subprocess.run(RX + ["act", "--help"], capture_output=True, text=True, timeout=60)
+    assert all(f"  {name}" in every.stdout for name in SPECS), every.stdout

@@ -170,7 +170,9 @@ def _sandboxed_run(unit: Path, tmp_path: Path, port: int | None = None):
     state, run = tmp_path / "state", tmp_path / "run"
     for d in (state, run):
         d.mkdir(mode=0o755)
-    cmd = [sys.executable, str(ROOT / "tests" / "unit_sandbox.py"), str(unit), "--rw", str(state), "--rw", str(run),
+    # --ro: this checkout and its venv stay visible, as /opt/reflexarc would be, also when they lie under /tmp
+    cmd = [sys.executable, str(ROOT / "tests" / "unit_sandbox.py"), str(unit), "--ro", str(ROOT),
+           "--rw", str(state), "--rw", str(run),
            "--", str(VENV_BIN / "reflexarc"), "-v", "--state-dir", str(state), "--hook-dir", str(run / "hooks"),
            "run", "--policy", str(ROOT / "policies"), "--mode", "dry-run", "--duration", "4",
            "--kill-switch", str(run / "disable")]

@@ -27,7 +27,7 @@ links) through ctypes.
 
 Usage::
 
-    python tests/unit_sandbox.py UNIT [--rw PATH]... -- COMMAND [ARGS...]
+    python tests/unit_sandbox.py UNIT [--rw PATH]... [--ro PATH]... -- COMMAND [ARGS...]
 
 Overhead: one ``systemd-analyze syscall-filter`` run and a few dozen mount
 calls before exec; nothing afterwards.
@@ -295,7 +295,7 @@ def _remount_ro(point: str, keep: int) -> None:
         raise
 
 
-def protect_filesystem(service, rw_extra: list[str]) -> None:
+def protect_filesystem(service, rw_extra: list[str], ro_extra: list[str] = ()) -> None:
     strict = _last(service, "ProtectSystem", "no") == "strict"
     tunables = _bool(service, "ProtectKernelTunables")
     cgroups = _bool(service, "ProtectControlGroups")
@@ -316,6 +316,8 @@ def protect_filesystem(service, rw_extra: list[str]) -> None:
                 continue
             raise SandboxError(f"ReadWritePaths={path}: no such file or directory")
         rw.append((path, os.open(path, O_PATH), os.path.isdir(path)))
+    # the install (a checkout under /tmp, say) stays visible, read-only, as /opt would be
+    shown = [(path, os.open(path, O_PATH)) for path in ro_extra]
     if tunables:
         _mount("/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)      # a mount of its own, to make read-only
     fresh = []
@@ -347,6 +349,12 @@ def protect_filesystem(service, rw_extra: list[str]) -> None:
         _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
         os.close(fd)
+    for path, fd in shown:
+        if any(_under(path, f) for f in fresh):       # hidden by a fresh tmpfs: bind it back
+            os.makedirs(path, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+            _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.close(fd)
 
 
 # --- the rest ----------------------------------------------------------------------------
@@ -366,7 +374,7 @@ def restrict_capabilities(service) -> None:
             raise SandboxError(f"dropping {name}: {os.strerror(ctypes.get_errno())}")
 
 
-def enter(service, rw_extra: list[str]) -> None:
+def enter(service, rw_extra: list[str], ro_extra: list[str] = ()) -> None:
     """Apply the emulated directives to this process (it must exec next)."""
     limit = _last(service, "LimitMEMLOCK", "")
     if limit:
@@ -379,7 +387,7 @@ def enter(service, rw_extra: list[str]) -> None:
     umask = _last(service, "UMask", "")
     if umask:
         os.umask(int(umask, 8))
-    protect_filesystem(service, rw_extra)
+    protect_filesystem(service, rw_extra, ro_extra)
     restrict_capabilities(service)
     filters = seccomp_filters(service)
     if _bool(service, "NoNewPrivileges") or filters:
@@ -392,19 +400,21 @@ def enter(service, rw_extra: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
-        print("usage: unit_sandbox.py UNIT [--rw PATH]... -- COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: unit_sandbox.py UNIT [--rw PATH]... [--ro PATH]... -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
     split = argv.index("--")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("unit")
     p.add_argument("--rw", action="append", default=[], help="a path to keep writable (StateDirectory=, ...)")
+    p.add_argument("--ro", action="append", default=[],
+                   help="an install path to keep visible, read-only, even under PrivateTmp (a checkout in /tmp)")
     args, command = p.parse_args(argv[:split]), argv[split + 1:]
     if not command:
         p.error("give a command after --")
     with open(args.unit) as fh:
         service = parse_unit(fh.read()).get("Service", {})
     try:
-        enter(service, args.rw)
+        enter(service, args.rw, args.ro)
     except SandboxError as exc:
         print(f"unit_sandbox: {exc}", file=sys.stderr)
         return 125
