@@ -3,12 +3,14 @@
 #               upload congesting its link, the controller demoting it (fault a)
 #   make test   passes the tests (unit, simulations, real kernel, testbed)
 #   make demo-sim  the simulated scenario (no kernel needed)
+#   make soak   the reliability suite at full counts (SIGKILL trials, fuzzing, bad input,
+#               hook spoofing, journal damage, a signal storm): bench/results/reliability.json
 PY := .venv/bin/python
 RX := .venv/bin/reflexarc
 DEMO_SCENARIO ?= rdma-qp-slow
 DEMO_MODE ?= enforce
 
-.PHONY: setup test demo demo-sim validate policy-tests bench schema clean
+.PHONY: setup test demo demo-sim validate policy-tests bench soak schema clean
 
 setup:
 	@scripts/bootstrap
@@ -36,6 +38,9 @@ bench: setup
 	$(PY) bench/churn.py
 	$(PY) bench/probe_overhead.py
 	$(PY) -m reflexarc.simulations.testbed loop --out out/closed-loop --results bench/results/closed_loop.json
+
+soak: setup
+	$(PY) bench/reliability.py
 
 clean:
 	rm -rf out/ .pytest_cache

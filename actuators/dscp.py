@@ -104,6 +104,7 @@ DEFAULT_PIN_DIR = "/sys/fs/bpf/reflexarc/dscp"
 FILTER_PRIO = 3420          # tc priority ("pref") of our egress filter, fixed and distinctive
 FILTER_HANDLE = 0xD5C
 FILTER_NAME = "dscp_egress"
+PIN_NAMES = ("prog", "rules", "ifaces", "meta")   # the program first: without it a set is incomplete
 TC_EGRESS, TC_INGRESS = 0xFFFFFFF3, 0xFFFFFFF2
 TC_H_ROOT = 0xFFFFFFFF      # parent of an interface's root qdisc
 IFACE_CLSACT_CREATED = 1
@@ -475,25 +476,63 @@ class DscpActuator(Actuator):
     def prepare(self) -> None:
         """Compile the classifier now (~1 s of LLVM) rather than during the first
         retag. Compiling pins the maps; unless changes already use them, the pins
-        are removed again at once, and the first apply re-pins this module."""
-        if self._bpf is not None or self._open_pins_quietly():
+        are removed again at once, and the first apply re-pins this module. Pins a
+        crash left behind are settled first (see ``_settle``)."""
+        if self._bpf is not None:
             return
         with self._locked():
+            pinned = self._settle()
+            if pinned is not None:          # in use: the program is pinned, nothing to compile
+                pinned.close()
+                return
             pinned = self._load()
             try:
-                if pinned.created:
-                    self._unpin_if_idle(pinned)
+                self._unpin_if_idle(pinned)
             finally:
                 pinned.close()
 
-    def _open_pins_quietly(self) -> bool:
-        pinned = self._open_pins()
-        if pinned is not None:
-            pinned.close()
-        return pinned is not None
+    def _settle(self) -> _Pinned | None:
+        """Under the lock: the pins as a complete set in use, or None when none are
+        left. A crash can leave a complete set that holds nothing (killed before
+        ``prepare`` unpinned it) or an incomplete one (killed between pinning the
+        maps and the program, or while unpinning): one that holds no rule and no
+        interface is removed; one still in use gets its program re-pinned."""
+        present = [name for name in PIN_NAMES if (self.pin_dir / name).exists()]
+        if not present:
+            return None
+        if len(present) == len(PIN_NAMES):
+            pinned = self._open_pins()
+            if pinned is not None and (pinned.slots() or pinned.ifaces.keys()):
+                return pinned
+            if pinned is not None:
+                pinned.close()
+        elif self._maps_in_use(present):
+            return self._load()
+        for name in present:
+            (self.pin_dir / name).unlink(missing_ok=True)
+        self._remove_if_empty()
+        return None
+
+    def _maps_in_use(self, present: list[str]) -> bool:
+        """Whether the pinned maps among ``present`` hold a rule or an interface entry."""
+        for name, key_type, value_type in (("rules", ctypes.c_uint32, _Rule), ("ifaces", _IfaceKey, _Iface)):
+            fd = _obj_get(self.pin_dir / name) if name in present else None
+            if fd is None:
+                continue
+            table = _Map(fd, key_type, value_type, self.pin_dir / name)
+            try:
+                if name == "ifaces" and table.keys():
+                    return True
+                if name == "rules" and any(
+                        (rule := table.get(ctypes.c_uint32(i))) is not None and rule.ifindex
+                        for i in range(int(_fdinfo(fd)["max_entries"]))):
+                    return True
+            finally:
+                os.close(fd)
+        return False
 
     def _open_pins(self) -> _Pinned | None:
-        fds = {name: _obj_get(self.pin_dir / name) for name in ("prog", "rules", "ifaces", "meta")}
+        fds = {name: _obj_get(self.pin_dir / name) for name in PIN_NAMES}
         if any(fd is None for fd in fds.values()):
             for fd in fds.values():
                 if fd is not None:
@@ -517,7 +556,7 @@ class DscpActuator(Actuator):
         if pinned is not None:
             return pinned
         self.pin_dir.mkdir(parents=True, exist_ok=True)
-        stale = [name for name in ("prog", "rules", "ifaces", "meta") if (self.pin_dir / name).exists()]
+        stale = [name for name in PIN_NAMES if (self.pin_dir / name).exists()]
         if self._bpf is None or stale:
             # BPF_TABLE_PINNED reuses maps still pinned and pins the ones it creates;
             # a prog pin left alone would still point at the maps that are gone
@@ -542,7 +581,7 @@ class DscpActuator(Actuator):
     def _unpin_if_idle(self, pinned: _Pinned) -> None:
         if pinned.slots() or pinned.ifaces.keys():
             return
-        for name in ("prog", "rules", "ifaces", "meta"):
+        for name in PIN_NAMES:
             (self.pin_dir / name).unlink(missing_ok=True)
         self._remove_if_empty()
 
@@ -737,7 +776,7 @@ class DscpActuator(Actuator):
     def revert(self, change: Change) -> None:
         p = change.params
         with self._locked():
-            pinned = self._open_pins()
+            pinned = self._settle()
             try:
                 link = self._namespace(p)
                 if link is None:        # its interfaces, filters and qdiscs went with it
@@ -772,7 +811,7 @@ class DscpActuator(Actuator):
                 link.close()
         owner = int(p["owner"], 16)
         with self._locked():
-            pinned = self._open_pins()
+            pinned = self._settle()
             if pinned:
                 try:
                     if any(r.owner == owner for _, r in pinned.slots()):   # applied, not only planned

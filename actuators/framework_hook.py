@@ -307,6 +307,28 @@ class HookClient:
         raise PermanentActuatorError(f"{path}: unexpected reply {str(data)[:200]}")
 
 
+def described(reply: dict, path: str, handler: str | None = None) -> dict:
+    """A ``describe`` reply checked against its schema (the instance; for one
+    handler ``has_undo`` and an optional ``preview`` of ``before``/``after``; for
+    all of them the list of handlers); HookRejected(REPLY) otherwise."""
+    def bad(why: str) -> HookRejected:
+        return HookRejected(Rejected.REPLY, path, f"describe reply {why}")
+    if not isinstance(reply.get("instance"), str) or not reply["instance"]:
+        raise bad("does not name the script's instance")
+    if handler is None:
+        handlers = reply.get("handlers")
+        if not isinstance(handlers, list) or not all(isinstance(h, dict) and isinstance(h.get("handler"), str)
+                                                     for h in handlers):
+            raise bad("has no list of handlers")
+        return reply
+    if not isinstance(reply.get("has_undo"), bool):
+        raise bad(f"does not say whether {handler} has an undo")
+    preview = reply.get("preview")
+    if preview is not None and not (isinstance(preview, dict) and {"before", "after"} <= set(preview)):
+        raise bad("has a preview without 'before' and 'after'")
+    return reply
+
+
 def signals_of(reply: dict, ep: Endpoint) -> list[dict]:
     """The step signals of a ``signals`` reply as ``{"name", "labels": {"job",
     "rank"}, "value", "ts"}`` once it fits the schema: the endpoint's job and
@@ -379,7 +401,8 @@ class FrameworkHookActuator(Actuator):
             pid = pid_label(labels, "pid")
         except ValueError as exc:
             raise PermanentActuatorError(str(exc)) from None
-        found = find_endpoints(self.hook_dir, labels.get("job") or _plain_job(sel), labels.get("rank"))
+        found = [ep for ep in find_endpoints(self.hook_dir, labels.get("job") or _plain_job(sel), labels.get("rank"))
+                 if os.path.isdir(os.path.join(self.procfs.root, str(ep.pid)))]   # not a socket a killed script left
         if pid is not None:
             lineage = set(self.procfs.ancestors(pid))
             found = [ep for ep in found if ep.pid in lineage]
@@ -404,7 +427,7 @@ class FrameworkHookActuator(Actuator):
         """Each endpoint of the target with the handlers its script offers."""
         out = []
         for ep in self.endpoints(target):
-            reply = HookClient(ep, self.procfs).request("describe", 5.0)
+            reply = described(HookClient(ep, self.procfs).request("describe", 5.0), ep.path)
             out.append({**ep._asdict(), "start": reply["start"], "instance": reply["instance"],
                         "handlers": reply["handlers"]})
         return out
@@ -419,7 +442,8 @@ class FrameworkHookActuator(Actuator):
             raise PermanentActuatorError(f"no hook socket for {target.key()} in {self.hook_dir}")
         before, after, undo = [], [], True
         for ep in endpoints:
-            reply = HookClient(ep, self.procfs).request("describe", timeout, handler=handler, args=args)
+            reply = described(HookClient(ep, self.procfs).request("describe", timeout, handler=handler, args=args),
+                              ep.path, handler)
             preview = reply.get("preview")
             where = {"socket": ep.path, "job": ep.job, "rank": ep.rank, "pid": ep.pid, "start": reply["start"],
                      "instance": reply["instance"]}

@@ -68,7 +68,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -79,6 +78,7 @@ import urllib.request
 from pathlib import Path
 
 from reflexarc.bpf import catalog
+from reflexarc.simulations.testbed.local_server import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -229,12 +229,6 @@ def stop_group(proc: subprocess.Popen, timeout: float) -> None:
 def reflexarc_command() -> list[str]:
     script = Path(sys.executable).with_name("reflexarc")
     return [str(script)] if script.exists() else [sys.executable, "-m", "reflexarc.controller.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Controller:

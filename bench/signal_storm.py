@@ -42,13 +42,14 @@ import os
 import platform
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from reflexarc.simulations.testbed.local_server import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -127,12 +128,6 @@ def write_storm(path: Path, samples: int = 1_050_000, pids: int = 100_000, span:
 
 
 # --- one controller ----------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def command(tree: Path | None, shim: Path) -> list[str]:
     """The CLI of this checkout, or of ``tree`` through a package directory of links."""
     if tree is None:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from reflexarc.core.outcomes import Outcome
 
+from .input_files import InputFileError, check_regular, open_regular
 from .policy.model import ON_RESTART
 
 OPEN_STATES = ("intent", "applied")
@@ -139,6 +140,12 @@ class Journal:
             raise JournalLocked(f"{self.path} is in use by another reflexarc process") from None
         self._fd: int | None = None
         self.unwritable: str | None = None    # why the last attempt to write failed; None once one works
+        if os.path.lexists(self.path):
+            try:
+                check_regular(self.path)      # a FIFO would block its reader, /dev/zero never ends
+            except InputFileError:
+                self._lock.close()
+                raise
         try:
             self._writer()
         except OSError as exc:
@@ -151,9 +158,12 @@ class Journal:
         self.damaged: list[Damage] = []
         self.warnings: list[str] = []
         try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:         # not writable and never written: nothing journaled
-            return
+            with open_regular(self.path) as fh:
+                data = fh.read()
+        except InputFileError:
+            if not os.path.lexists(self.path):    # not writable and never written: nothing journaled
+                return
+            raise
         lines = data.split(b"\n")
         torn = lines.pop()                # b"" when the file ends with a newline
         for n, raw in enumerate(lines, 1):

@@ -6,28 +6,18 @@ point (``REFLEXARC_FAULT_INJECT=after-apply``: SIGKILL right after the journal
 says ``applied``)."""
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import require, require_bpf, require_root, two_node_sys
+from conftest import ROOT, require, require_bpf, require_root, two_node_sys
 from netns import NetnsPair
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 
-WORKER = r"""
-import ctypes, os, sys, threading, time
-ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)
-stop = threading.Event()
-threads = [threading.Thread(target=stop.wait) for _ in range(2)]
-for t in threads: t.start()
-print("ready", flush=True)
-sys.stdin.read()
-stop.set()
-"""
+WORKER = str(ROOT / "tests" / "workloads" / "idle_worker.py")
 
 
 def allowed(pid: int) -> set[str]:
@@ -59,7 +49,7 @@ def test_affinity_reverted_after_crash(tmp_path):
     sysroot = two_node_sys(tmp_path / "sys")
     base = RX + ["--state-dir", str(tmp_path / "state"), "--sys-root", str(sysroot),
                  "--hook-dir", str(tmp_path / "hooks")]
-    w = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    w = subprocess.Popen([sys.executable, WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert w.stdout.readline().strip() == "ready"
         before = allowed(w.pid)

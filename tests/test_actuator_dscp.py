@@ -225,6 +225,54 @@ def test_prepare_compiles_ahead_and_leaves_nothing_pinned(pair, dirs):
         act.close()
 
 
+@pytest.mark.parametrize("left", ["complete", "maps-only", "rules-only"])
+def test_pins_a_crash_left_are_settled_by_the_next_start(pair, dirs, left):
+    """Killed before ``prepare`` unpinned (a complete set holding nothing), between
+    pinning the maps and the program, or while unpinning (maps without a
+    program): the next controller's ``prepare`` removes what holds nothing, and a
+    set still in use gets its program back, so its change can be reverted."""
+    crashed = DscpActuator(pin_dir=dirs[1])
+    try:
+        with crashed._locked():
+            crashed._load().close()                     # what a kill right after pinning leaves
+        pins = Path(dirs[1])
+        if left != "complete":
+            (pins / "prog").unlink()
+        if left == "rules-only":
+            (pins / "ifaces").unlink()
+            (pins / "meta").unlink()
+    finally:
+        crashed.close()
+    restarted = DscpActuator(pin_dir=dirs[1])
+    try:
+        restarted.prepare()
+        assert not Path(dirs[1]).exists(), f"left: {sorted(p.name for p in Path(dirs[1]).iterdir())}"
+    finally:
+        restarted.close()
+
+
+def test_a_change_whose_program_pin_a_crash_removed_still_reverts(pair, dirs):
+    """The program's pin lost while its rules and filter are live: revert re-pins
+    the program from the maps still pinned, drops the rules and leaves nothing."""
+    first = DscpActuator(pin_dir=dirs[1])
+    snapshot = tc_state(pair, pair.if_a)
+    try:
+        change = first.plan(target(pair), {"dscp": "EF", "ports": [5000], "protocol": "udp"})
+        first.apply(change)
+    finally:
+        first.close()
+    (Path(dirs[1]) / "prog").unlink()
+    restarted = DscpActuator(pin_dir=dirs[1])
+    try:
+        assert send_udp(pair, 4, 5000) >> 2 == 46, "the filter still marks: the kernel holds the program"
+        restarted.revert(change)
+        assert tc_state(pair, pair.if_a) == snapshot
+        assert send_udp(pair, 4, 5000) == ECT0
+        assert not Path(dirs[1]).exists()
+    finally:
+        restarted.close()
+
+
 def test_marks_tcp_by_port_and_not_udp(pair, act):
     change = act.plan(target(pair), {"dscp": "EF", "ports": [29500], "protocol": "tcp"})
     act.apply(change)

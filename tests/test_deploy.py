@@ -26,6 +26,8 @@ import yaml
 
 from conftest import ROOT, require, require_bpf, require_root
 
+from reflexarc.simulations.testbed.local_server import free_port
+
 DEPLOY = ROOT / "deploy"
 UNIT = DEPLOY / "systemd" / "reflexarc.service"
 ENV_FILE = DEPLOY / "systemd" / "reflexarc.env"
@@ -185,12 +187,6 @@ def _probe_states(stderr: str) -> dict[str, str]:
     return dict(re.findall(r"reflexarc\.probes INFO (\w+): (\w+)", stderr))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.kernel
 def test_controller_runs_inside_the_units_sandbox(tmp_path):
     """The real controller inside the unit's capability set, system call,
@@ -204,7 +200,7 @@ def test_controller_runs_inside_the_units_sandbox(tmp_path):
     assert free.returncode == 0, free.stderr
     expected = {m[0]: m[1] for m in re.findall(r"^(\w+)\s+light\s+(\w+)", free.stdout, re.M)}
     assert expected and "ok" in expected.values(), free.stdout
-    port = _free_port()
+    port = free_port()
     proc = _sandboxed_run(unit, tmp_path, port)
     scraped = ""
     for _ in range(600):                      # until the metrics answer or the controller has ended

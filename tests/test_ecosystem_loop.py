@@ -16,7 +16,7 @@ from pathlib import Path
 
 from conftest import require, wait_until
 from exporters import DcgmExporter
-from prometheus_server import BINARY as PROMETHEUS, PrometheusServer, free_port
+from reflexarc.simulations.testbed.prometheus import BINARY as PROMETHEUS, PrometheusServer, free_port
 
 from reflexarc.simulations.testbed.alertmanager import BINARY as ALERTMANAGER, Alertmanager
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,31 +55,8 @@ SCRIPT = textwrap.dedent(r"""
         time.sleep(0.05)
 """)
 
-# A fake hook socket (standard library only): binds ``path`` ("{pid}" is its own
-# pid) and answers every connection with ``reply`` ("{pid}"/"{start}": its own).
-FAKE = textwrap.dedent(r"""
-    import json, os, socket, sys
-    opts = json.loads(sys.argv[1])
-    path = opts["path"].replace("{pid}", str(os.getpid()))
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        server.bind(path)
-    except OSError as exc:
-        print(json.dumps({"error": type(exc).__name__}), flush=True)
-        sys.exit(0)
-    server.listen(8)
-    start = int(open("/proc/self/stat", "rb").read().rpartition(b")")[2].split()[19])
-    reply = opts["reply"].replace('"{pid}"', str(os.getpid())).replace('"{start}"', str(start))
-    print(json.dumps({"ready": path, "pid": os.getpid()}), flush=True)
-    while True:
-        conn, _ = server.accept()
-        with conn:
-            try:
-                conn.makefile("rb").readline()
-                conn.sendall(reply.encode() + b"\n")
-            except OSError:
-                pass
-""")
+FAKE_SCRIPT = Path(__file__).resolve().parent / "workloads" / "fake_hook_socket.py"
+FAKE = FAKE_SCRIPT.read_text()     # run as nobody with ``python -c``: it need not reach the file
 
 
 def signals_reply(job: str, value: str = "5000", name: str = "step_time_ms", pid: str = '"{pid}"',
@@ -163,7 +141,7 @@ def test_nobody_cannot_put_a_socket_where_root_or_another_job_serves(hook_dir, s
     os.chown(other, 12345, 12345)
     for path in (hook_dir / "llama-0-1.sock", other / "llama-0-{pid}.sock"):
         out = spawn(FAKE, {"path": str(path), "reply": "{}"}, user=NOBODY)
-        assert out == {"error": "PermissionError"}, path
+        assert out == {"refused": "PermissionError"}, path
     assert find_endpoints(str(hook_dir)) == []
 
 
@@ -312,3 +290,36 @@ def test_run_makes_the_hook_directory_roots_and_private(tmp_path):
     assert r.returncode == 0, r.stderr
     st = hooks.stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, 0o755)
+
+
+@pytest.mark.parametrize("reply, why", [
+    ('{"ok": true, "pid": "{pid}", "start": "{start}"}', "does not name the script's instance"),
+    ('{"ok": true, "instance": "f00d", "pid": "{pid}", "start": "{start}", "handler": "knob.set"}',
+     "does not say whether knob.set has an undo"),
+    ('{"ok": true, "instance": "f00d", "pid": "{pid}", "start": "{start}", "has_undo": true, "preview": 3}',
+     "has a preview without 'before' and 'after'"),
+])
+def test_a_describe_reply_off_its_schema_is_rejected_not_a_crash(hook_dir, spawn, reply, why):
+    """A socket that passes every check of place and peer (nobody's own job, in
+    the directory root made for it) but answers ``describe`` off the schema: the
+    plan fails with HookRejected(reply), which the CLI turns into one error line."""
+    assert "ready" in spawn(FAKE, {"path": str(hook_dir / "scratch" / "scratch-0-{pid}.sock"), "reply": reply},
+                            user=NOBODY)
+    act = FrameworkHookActuator(hook_dir=str(hook_dir))
+    with pytest.raises(HookRejected, match=why) as caught:
+        act.plan(Target({"job": "scratch"}), {"handler": "knob.set", "args": {"value": 3}, "at_step_boundary": False})
+    assert caught.value.reason == Rejected.REPLY
+
+
+def test_a_socket_a_killed_script_left_is_passed_over(hook_dir):
+    """A SIGKILLed script cannot remove its socket: the file stays, nobody
+    listens. Its pid no longer runs, so it is not an endpoint (before, every plan
+    failed on "connection refused" until someone removed it)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    left.bind(str(hook_dir / f"llama-0-{gone.pid}.sock"))
+    left.close()
+    act = FrameworkHookActuator(hook_dir=str(hook_dir))
+    assert [ep.pid for ep in find_endpoints(str(hook_dir), "llama")] == [gone.pid], "the scan still lists it"
+    assert act.endpoints(Target({"job": "llama"})) == []

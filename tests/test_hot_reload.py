@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import require, require_root, two_node_sys
+from conftest import ROOT, require, require_root, two_node_sys
 
 from reflexarc.actuators.base import Registry
 from reflexarc.actuators.log import LogActuator
@@ -36,16 +36,7 @@ from reflexarc.controller.reload import SIGHUP, PolicyFiles, Reloader
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 DEADLINE = 90.0     # seconds for any one thing to happen; it normally takes one or two
 
-WORKER = r"""
-import ctypes, sys, threading
-ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)
-stop = threading.Event()
-threads = [threading.Thread(target=stop.wait) for _ in range(2)]
-for t in threads: t.start()
-print("ready", flush=True)
-sys.stdin.read()
-stop.set()
-"""
+WORKER = str(ROOT / "tests" / "workloads" / "idle_worker.py")
 
 PIN = """\
 policies:
@@ -188,7 +179,7 @@ def test_run_reloads_refuses_reverts_and_keeps_state(tmp_path):
     policy_dir.mkdir()
     policy_dir.chmod(0o755)
     replay(tmp_path / "signals.jsonl")
-    worker = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    worker = subprocess.Popen([sys.executable, WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
     run = None
     try:

@@ -10,6 +10,7 @@ import os
 import pytest
 from file_attrs import FileAttrs
 
+from reflexarc.controller.input_files import InputFileError
 from reflexarc.controller.journal import Journal, JournalWriteError
 
 CHANGE = {"actuator": "log", "target": {"labels": {}, "selector": {}}, "params": {"message": "x"},
@@ -216,3 +217,16 @@ def test_a_journal_made_immutable_while_open_refuses_and_says_so_once(tmp_path, 
     assert j.get(jid).state == "intent"
     file_attrs.clear(path)
     j.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "dir"])
+def test_a_journal_that_is_not_a_regular_file_is_refused_before_a_byte_is_read(tmp_path, kind):
+    """A FIFO nobody writes would block the reader, ``/dev/zero`` never ends:
+    refused at once, naming what it is, and the lock is let go."""
+    path = tmp_path / "journal.jsonl"
+    {"fifo": lambda: os.mkfifo(path), "zero": lambda: path.symlink_to("/dev/zero"), "dir": path.mkdir}[kind]()
+    what = {"fifo": "a FIFO", "zero": "a character device", "dir": "a directory"}[kind]
+    with pytest.raises(InputFileError, match=f"{path}: is {what}, not a regular file"):
+        Journal(path)
+    with pytest.raises(InputFileError):
+        Journal(path)                 # not JournalLocked: the first attempt let the lock go

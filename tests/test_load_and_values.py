@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from reflexarc.controller.live import run_live
 from reflexarc.controller.metrics import ControllerMetrics
 from reflexarc.controller.signals import CATALOGUE
 from reflexarc.controller.values import MAX_AHEAD, UNIT_RANGES, Refusal, timestamp_fault, value_fault
+from reflexarc.simulations.testbed.local_server import free_port
 
 sys.path.insert(0, str(ROOT / "bench"))
 from signal_storm import SHIPPED, STORM_POLICY, scrape, write_storm  # noqa: E402
@@ -242,12 +242,6 @@ def test_a_stop_in_the_middle_of_a_storm_reverts_and_ends_the_loop():
 
 
 # --- the real thing: reflexarc run under a replay storm -------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_under_a_replay_storm_reverts_and_exits(tmp_path, sig):
     storm = tmp_path / "storm.jsonl"

@@ -1,7 +1,7 @@
 """Metrics out: ``reflexarc run --metrics-addr`` scraped by a real Prometheus.
 
 The controller runs for real (``reflexarc run --no-probes --replay``), a real
-Prometheus (``prometheus_server.py``) scrapes it, and the values are read back
+Prometheus (``simulations/testbed/prometheus.py``) scrapes it, and the values are read back
 through Prometheus's HTTP API: every signal under its one exported name and in
 its base unit, the rule states, the hook signals per job and rank (the
 cross-rank ratio of ``docs/promql.md`` computed by Prometheus). In-process, a
@@ -28,7 +28,7 @@ import pytest
 from conftest import ROOT, require, require_bpf, two_node_sys
 from engine_fixtures import registry as actuator_registry
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_server import PrometheusServer, free_port
+from reflexarc.simulations.testbed.prometheus import PrometheusServer, free_port
 
 from reflexarc.bpf.manager import ProbeManager
 from reflexarc.bpf.probe import Selection

@@ -21,7 +21,7 @@ import pytest
 from conftest import ROOT, require
 from exporters import DcgmExporter, RankExporter
 from prometheus_client import CollectorRegistry
-from prometheus_server import BINARY, PrometheusServer
+from reflexarc.simulations.testbed.prometheus import BINARY, PrometheusServer
 
 from reflexarc.controller.policy.loader import load_policies
 from reflexarc.controller.producers import NodeFacts, why_unproduced

@@ -1,0 +1,130 @@
+"""The reliability suite: what a crash, a bad file, a forged socket, a damaged
+journal or a signal storm leaves behind, counted on the real system.
+
+1. SIGKILL at random points of each actuator's change (affinity, dscp,
+   deep_tracing, framework_hook), a restart that reconciles the journal: no
+   leak (``reliability/crash.py``);
+2. fuzzed policy files: the loader answers with policies or its located error
+   type, never a traceback (``reliability/fuzz.py``);
+3. bad input to every verb: exit 1 or 2, one ``error:`` line, no traceback, no
+   hang (``reliability/cli_table.py``);
+4. hook sockets forged by another user (nobody): none trusted, each counted
+   (``reliability/spoof.py``);
+5. a damaged or immutable/append-only journal: rollback still reverts
+   (``reliability/journal_damage.py``);
+6. a signal storm: SIGTERM still exits cleanly and reverts, every sample is
+   accounted for (``reliability/storm.py``).
+
+CI (``make test``) runs the shortened counts of ``reliability/counts.py``
+(5 kill trials per actuator, 300 fuzzed files, ...); ``REFLEXARC_SOAK=1`` runs
+the full ones (50 per actuator, 10,000 files, ...), which ``make soak``
+(``bench/reliability.py``) does before writing ``bench/results/reliability.json``.
+Times and memory are recorded (``REFLEXARC_RELIABILITY_OUT``), never asserted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import require, require_bpf, require_root
+
+from reliability import cli_table, crash, journal_damage, spoof, storm
+from reliability.counts import COUNTS, OUT_ENV
+
+LONG = 5400 if COUNTS.soak else 900          # seconds a part may take (pytest-timeout)
+
+
+def record(name: str, figures: dict) -> None:
+    """The part's figures, for ``bench/reliability.py`` to gather."""
+    out = os.environ.get(OUT_ENV)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / f"{name}.json").write_text(json.dumps(figures, indent=1, default=str) + "\n")
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(LONG)
+@pytest.mark.parametrize("actuator", ["affinity", "dscp", "framework_hook", "deep_tracing"])
+def test_sigkill_at_any_point_leaves_nothing_after_the_restart(actuator, tmp_path):
+    require_root()
+    if actuator in ("dscp", "deep_tracing"):
+        require_bpf()
+    try:
+        figures = crash.run_trials(actuator, COUNTS.kill_trials, tmp_path, COUNTS.seed)
+    except crash.Unavailable as exc:
+        require(False, str(exc))
+    record(f"crash-{actuator}", figures)
+    assert figures["trials"] == COUNTS.kill_trials
+    assert figures["errors"] == [], "\n".join(figures["errors"])
+    assert figures["leaks"] == 0, f"{figures['leaks']} leak(s):\n" + "\n".join(figures["leak_details"])
+    # the trials killed real changes: some were live (or journaled as applied) at the kill
+    assert figures["live_at_kill"] + figures["journal_at_kill"].get("applied", 0) > 0
+    if COUNTS.soak:
+        assert figures["trials"] >= 50
+
+
+@pytest.mark.timeout(LONG)
+def test_fuzzed_policy_files_get_located_errors_never_a_traceback(tmp_path):
+    try:
+        from reliability import fuzz
+    except ImportError as exc:
+        require(False, f"hypothesis, of the test extras ({exc})")
+    figures = fuzz.run_fuzz(COUNTS.fuzz_cases, COUNTS.seed, tmp_path)
+    record("fuzz", figures)
+    assert figures["cases"] == COUNTS.fuzz_cases, "hypothesis ran fewer cases than asked"
+    assert figures["tracebacks"] == 0, json.dumps(figures["traceback_details"][:5], indent=1)
+    assert figures["outcomes"]["loaded"] > 0 and figures["outcomes"]["located-error"] > 0
+
+
+@pytest.mark.timeout(LONG)
+def test_bad_input_to_every_verb_gets_one_error_line(tmp_path):
+    figures = cli_table.run_table(tmp_path, full=COUNTS.soak)
+    record("cli", figures)
+    assert set(figures["by_verb"]) >= {"validate", "simulate", "test-policies", "report", "run", "probes", "top",
+                                       "act", "rollback", "journal", "explain"}
+    assert figures["failures"] == [], f"{len(figures['failures'])} of {figures['cases']} cases:\n" + \
+        "\n".join(figures["failures"])
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(LONG)
+def test_hook_sockets_forged_by_another_user_are_never_trusted():
+    require_root()
+    require(shutil.which("setpriv") is not None, "setpriv (util-linux) to run processes as nobody")
+    base = Path(tempfile.mkdtemp(prefix="reflexarc-reliability-spoof-", dir="/tmp"))   # nobody must reach it
+    try:
+        figures = spoof.run_spoof(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    record("spoof", figures)
+    assert figures["trusted"] == 0
+    assert figures["rejected"] + figures["refused_by_kernel"] == figures["forged"]
+    assert figures["problems"] == [], "\n".join(figures["problems"])
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(LONG)
+def test_a_damaged_journal_never_keeps_rollback_from_reverting(tmp_path):
+    require_root()
+    require_bpf()
+    try:
+        figures = journal_damage.run_damage(tmp_path, full=COUNTS.soak)
+    except RuntimeError as exc:
+        require(False, str(exc))
+    record("journal", figures)
+    assert figures["failures"] == [], "\n".join(figures["failures"])
+    assert figures["reverted"] == figures["cases"]
+
+
+@pytest.mark.timeout(LONG)
+def test_a_signal_storm_still_shuts_down_cleanly_and_counts_every_sample(tmp_path):
+    figures = storm.run_storm(tmp_path, COUNTS.storm_samples, COUNTS.storm_pids, COUNTS.storm_span,
+                              COUNTS.storm_delays)
+    record("storm", figures)
+    assert figures["failures"] == [], "\n".join(figures["failures"])
+    assert figures["trials_ok"] == figures["trials"]
+    assert figures["accounted"] == figures["samples"], "samples neither published, rejected nor dropped"
