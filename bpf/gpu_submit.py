@@ -21,13 +21,19 @@ Example::
     for name, labels, value in probe.collect(now=time.time()):
         ...
 
+On a node without an NVIDIA GPU (no ``/dev/nvidia<N>``) there is nothing to
+observe, and the probe attaches nothing: status unsupported, with the reason
+(a syscall tracepoint is not free, see below).
+
 Overhead: one tracepoint hit per ioctl on the node (~10 ns of BPF and a type
 test); selected 'F' ioctls add three hash operations. Any syscall tracepoint
-also sends every syscall through the kernel's traced entry path, a fixed cost
-per syscall shared with the other syscall probes. Collect: two batched map reads.
+also sends every syscall through the kernel's traced entry path (a small fixed
+cost per syscall, shared with the other syscall probes).
+Collect: two batched map reads.
 """
 from __future__ import annotations
 
+from reflexarc.core.devices import Devices
 from reflexarc.core.signals import SignalSpec
 
 from .loghist import SLOTS, quantiles
@@ -48,12 +54,13 @@ class GpuSubmit(Probe):
         SignalSpec("gpu_submit_gap_us", "us", ("node", "job", "pid", "quantile"), "gauge",
                    "Gap between consecutive submissions, per interval quantile"),
     )
-    fallback_order = ("tracepoint syscalls:sys_enter_ioctl", "none")
+    fallback_order = ("tracepoint syscalls:sys_enter_ioctl, when the node has an NVIDIA GPU", "none")
 
     def __init__(self, selection: Selection | None = None, features=None, node: str = "",
-                 max_pids: int = 4096) -> None:
+                 max_pids: int = 4096, dev_root: str = "/dev") -> None:
         super().__init__(selection, features, node)
         self.max_pids = max_pids
+        self.devices = Devices(dev_root=dev_root)
         self._last_collect: float | None = None
 
     def cflags(self) -> list[str]:
@@ -61,6 +68,9 @@ class GpuSubmit(Probe):
                 f"-DMAX_SELECTED={MAX_SELECTED}", f"-DHIST_SLOTS={SLOTS}"]
 
     def choose_attach_points(self) -> ProbeStatus:
+        no_gpu = self.devices.missing(self.device)
+        if no_gpu:
+            return ProbeStatus(UNSUPPORTED, f"{no_gpu}: nothing to observe, nothing attached")
         if self.features.has_tracepoint("syscalls", "sys_enter_ioctl"):
             return ProbeStatus(OK, "", ["tracepoint:syscalls:sys_enter_ioctl"])
         return ProbeStatus(UNSUPPORTED, "no syscalls:sys_enter_ioctl tracepoint "

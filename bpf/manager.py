@@ -326,10 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pid", action="append", type=int, default=[], help="select a process (repeatable)")
     ap.add_argument("--job", default="", help="job label for every signal")
     ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--probe", action="append", default=[], choices=catalog.names(catalog.LIGHT),
+                    help="run only this light probe (repeatable; default: every light probe)")
     args = ap.parse_args(argv)
 
     selection = Selection(comms=tuple(args.comm or ["pt_data_worker"]), pids=tuple(args.pid), job=args.job)
-    mgr = ProbeManager(selection, interval=args.interval)
+    mgr = ProbeManager(selection, interval=args.interval, probes=args.probe or None)
     if args.list:
         print(_list(mgr))
     if args.dump_bpf:

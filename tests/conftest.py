@@ -63,6 +63,15 @@ def two_node_sys(root: Path) -> Path:
     return root
 
 
+def gpu_dev(root: Path) -> Path:
+    """A stand-in ``/dev`` naming one NVIDIA GPU (``nvidia0``): there is no GPU
+    here, and the gpu_submit probe attaches only on a node that has one."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "nvidiactl").touch()
+    (root / "nvidia0").touch()
+    return root
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return ROOT

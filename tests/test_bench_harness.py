@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, require_bpf
 
 
 def test_engine_bench_quick_writes_its_results(tmp_path):
@@ -25,3 +25,25 @@ def test_engine_bench_quick_writes_its_results(tmp_path):
     assert busy["transitions"] > 0, "the busy feed makes the state machines work"
     assert result["audit_idle"]["rule_targets"] == 1000
     assert "| 100 x 10 | idle |" in r.stdout
+
+
+def test_probe_cost_bench_quick_measures_every_side_and_writes_its_table(tmp_path):
+    """``bench/probe_overhead.py --quick``: one pair per row, the figures not
+    checked; what is checked is that every side really ran: the workloads did
+    work, the observers attached (none failed), the ratios exist."""
+    require_bpf()
+    out = tmp_path / "probe.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "probe_overhead.py"), "--quick", "--out", str(out)],
+                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    workloads = {"training loader", "syscall loop (fio psync)", "syscall loop (fio io_uring)",
+                 "TCP stream (fio net, loopback)"}
+    assert set(result["headline"]["a_cpu_us_per_op"]) == workloads
+    assert all(v > 0 for v in result["headline"]["a_cpu_us_per_op"].values())
+    rows = {row["name"]: row for row in result["table"]["rows"]}
+    assert set(rows) == {"probe sched_numa", "sched:sched_switch", "runqlat", "run-queue latency"}
+    assert [row.get("failed") for row in rows.values()] == [None] * 4, "every observer attached"
+    assert all(row[w]["cpu_ratio"]["n"] == 1 for row in rows.values() for w in workloads)
+    assert result["events"]["syscall loop (fio psync)"]["events_per_s"] > 0, "the tier's programs ran"
+    assert "| probe sched_numa | reflexarc |" in r.stdout and "(cf. sched_numa)" in r.stdout

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conftest import require, require_bpf
+from conftest import gpu_dev, require, require_bpf
 from test_probe_gpu_submit import Child as IoctlChild
 
 from reflexarc.bpf.gpu_submit import GpuSubmit
@@ -86,7 +86,7 @@ def test_cgroup_id_selects_the_processes_in_the_cgroup_only(tmp_path):
         policy_file.write_text(POLICY.format(cgroup=job))
         assert _selection(load_policies([str(policy_file)]), "llama").cgroup_ids == (cgroup_id,)
 
-        probe = GpuSubmit(Selection(cgroup_ids=(cgroup_id,)), node="n1")
+        probe = GpuSubmit(Selection(cgroup_ids=(cgroup_id,)), node="n1", dev_root=str(gpu_dev(tmp_path / "dev")))
         status = probe.start()
         assert status.state == OK, status
 

@@ -3,7 +3,9 @@
 There is no GPU here. Child processes issue ioctls with NVIDIA-type numbers
 (type 'F') on /dev/null: the syscall fails with ENOTTY but
 ``syscalls:sys_enter_ioctl`` fires exactly as for the driver. Each child also
-issues a terminal ioctl (type 'T') that must not be counted.
+issues a terminal ioctl (type 'T') that must not be counted. The probe is
+given a stand-in ``/dev`` naming ``nvidia0`` (``conftest.gpu_dev``); without
+one it attaches nothing.
 """
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ import subprocess
 import sys
 import time
 
-from conftest import require_bpf
+from conftest import gpu_dev, require_bpf
 
 from reflexarc.bpf.gpu_submit import GpuSubmit
-from reflexarc.bpf.probe import OK, Selection
+from reflexarc.bpf.probe import OK, UNSUPPORTED, Selection
 from reflexarc.controller.signals import CATALOGUE
 
 CALLS, GAP_S = 200, 0.005
@@ -85,11 +87,11 @@ def by_pid(out: list, signal: str) -> dict:
     return res
 
 
-def test_counts_nvidia_ioctls_of_selected_processes_only():
+def test_counts_nvidia_ioctls_of_selected_processes_only(tmp_path):
     require_bpf()
     tag = f"rxgpu{os.getpid() % 100000}"
     a, b = Child(f"{tag}a"), Child(f"{tag}b")
-    probe = GpuSubmit(Selection(pids=(a.pid,)), node="n1")
+    probe = GpuSubmit(Selection(pids=(a.pid,)), node="n1", dev_root=str(gpu_dev(tmp_path / "dev")))
     try:
         status = probe.start()
         assert status.state == OK, status
@@ -118,10 +120,10 @@ def test_counts_nvidia_ioctls_of_selected_processes_only():
         b.close()
 
 
-def test_signals_and_labels_are_catalogued():
+def test_signals_and_labels_are_catalogued(tmp_path):
     require_bpf()
     child = Child(f"rxgpuc{os.getpid() % 100000}")
-    probe = GpuSubmit(Selection(pids=(child.pid,), job="llama"), node="n1")
+    probe = GpuSubmit(Selection(pids=(child.pid,), job="llama"), node="n1", dev_root=str(gpu_dev(tmp_path / "dev")))
     try:
         probe.start()
         _, out = run_round(probe, [child])
@@ -132,3 +134,17 @@ def test_signals_and_labels_are_catalogued():
     for name, labels, _ in out:
         assert set(labels) <= set(CATALOGUE[name].labels), (name, labels)
         assert labels["job"] == "llama" and labels["node"] == "n1"
+
+
+def test_a_node_without_a_gpu_attaches_nothing(tmp_path):
+    """No /dev/nvidia<N>: nothing to observe, so no syscall tracepoint is paid for."""
+    require_bpf()
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidiactl").touch()          # a control node alone is not a GPU
+    probe = GpuSubmit(Selection(), node="n1", dev_root=str(tmp_path / "dev"))
+    try:
+        status = probe.start()
+        assert status.state == UNSUPPORTED and status.reason.startswith("no GPU"), status
+        assert probe.bpf is None and status.attach_points == []
+    finally:
+        probe.stop()

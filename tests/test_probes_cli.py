@@ -9,6 +9,7 @@ from conftest import require_bpf
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 LIGHT = ("dataloader_io", "sched_numa", "block_io", "gpu_submit", "net_tcp")
+RUNNING_HERE = ("dataloader_io", "sched_numa", "block_io", "net_tcp")     # gpu_submit: no GPU here
 
 
 def test_probes_lists_light_ok_and_deep_degraded_with_reasons():
@@ -16,8 +17,9 @@ def test_probes_lists_light_ok_and_deep_degraded_with_reasons():
     r = subprocess.run(RX + ["probes"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
-    for name in LIGHT:
+    for name in RUNNING_HERE:
         assert rows[name][1:3] == ["light", "ok"], r.stdout
+    assert rows["gpu_submit"][1:3] == ["light", "unsupported"] and "no GPU" in " ".join(rows["gpu_submit"])
     assert rows["rdma_qp"][1:3] == ["deep", "degraded"], r.stdout
     line = next(x for x in r.stdout.splitlines() if x.startswith("rdma_qp"))
     assert "without kprobes" in line and "no RDMA device" in line and "uprobe" in line
