@@ -48,6 +48,7 @@ class GpuSubmit(Probe):
     name = "gpu_submit"
     tier = "light"
     device = "gpu"                  # its signals mean nothing on a node without an NVIDIA GPU
+    takes_dev_root = True           # the constructor takes ``dev_root=``, where the GPU device nodes are
     signals = (
         SignalSpec("gpu_submit_rate_hz", "1/s", ("node", "job", "pid"), "gauge",
                    "NVIDIA driver ioctl submissions per second"),

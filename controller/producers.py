@@ -88,7 +88,10 @@ class NodeFacts:
         if importlib.util.find_spec("bcc") is None:
             return "bcc is not installed"
         try:
-            probe = catalog.probe_class(producer.name)(features=self.features)
+            cls = catalog.probe_class(producer.name)
+            # a probe that needs a device looks for it where this node's devices are read
+            extra = {"dev_root": str(self.devices.dev_root)} if getattr(cls, "takes_dev_root", False) else {}
+            probe = cls(features=self.features, **extra)
         except catalog.ProbeNotAvailable as exc:
             return str(exc)
         status = probe.choose_attach_points()
