@@ -63,6 +63,16 @@ def two_node_sys(root: Path) -> Path:
     return root
 
 
+def allowed(pid: int) -> set[str]:
+    """The CPU lists (``Cpus_allowed_list``) of a process's threads, e.g. ``{"0-1"}``."""
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                out.add(line.split()[1])
+    return out
+
+
 def gpu_dev(root: Path) -> Path:
     """A stand-in ``/dev`` naming one NVIDIA GPU (``nvidia0``): there is no GPU
     here, and the gpu_submit probe attaches only on a node that has one."""

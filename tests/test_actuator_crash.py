@@ -12,21 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, require, require_bpf, require_root, two_node_sys
+from conftest import ROOT, allowed, require, require_bpf, require_root, two_node_sys
 from netns import NetnsPair
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 
 WORKER = str(ROOT / "tests" / "workloads" / "idle_worker.py")
-
-
-def allowed(pid: int) -> set[str]:
-    out = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
-            if line.startswith("Cpus_allowed_list:"):
-                out.add(line.split()[1])
-    return out
 
 
 def crash_then_restart(base: list[str], act_args: list[str]) -> None:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, require, require_root, two_node_sys
+from conftest import ROOT, allowed, require, require_root, two_node_sys
 
 from reflexarc.actuators.base import Registry
 from reflexarc.actuators.log import LogActuator
@@ -80,15 +80,6 @@ policies:
 """
 
 BROKEN = NOTE.format(name="late").replace('op: ">"', 'op: ">>"')   # one error, at the operator
-
-
-def allowed(pid: int) -> set[str]:
-    out = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
-            if line.startswith("Cpus_allowed_list:"):
-                out.add(line.split()[1])
-    return out
 
 
 def put(path: Path, text: str) -> None:
