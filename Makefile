@@ -3,6 +3,9 @@
 #               upload congesting its link, the controller demoting it (fault a)
 #   make test   passes the tests (unit, simulations, real kernel, testbed)
 #   make demo-sim  the simulated scenario (no kernel needed)
+#   make bench  the benchmarks side by side (~2 h): rule engine, DataLoader churn, probe
+#               cost, the closed loop, reaction time against Prometheus + Alertmanager,
+#               then the cost table from all of them (bench/results/)
 #   make soak   the reliability suite at full counts (SIGKILL trials, fuzzing, bad input,
 #               hook spoofing, journal damage, a signal storm): bench/results/reliability.json
 PY := .venv/bin/python
@@ -38,6 +41,8 @@ bench: setup
 	$(PY) bench/churn.py
 	$(PY) bench/probe_overhead.py
 	$(PY) -m reflexarc.simulations.testbed loop --out out/closed-loop --results bench/results/closed_loop.json
+	$(PY) bench/reaction.py
+	$(PY) bench/cost_table.py --out bench/results/cost_table.md
 
 soak: setup
 	$(PY) bench/reliability.py

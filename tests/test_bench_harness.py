@@ -8,6 +8,10 @@ import subprocess
 import sys
 
 from conftest import ROOT, require_bpf
+from test_closed_loop import require_loop
+
+from reflexarc.simulations.testbed import residue
+from reflexarc.simulations.testbed.controller import open_changes
 
 
 def test_engine_bench_quick_writes_its_results(tmp_path):
@@ -48,3 +52,28 @@ def test_probe_cost_bench_quick_measures_every_side_and_writes_its_table(tmp_pat
     assert all(row[w]["cpu_ratio"]["n"] == 1 for row in rows.values() for w in workloads)
     assert result["events"]["syscall loop (fio psync)"]["events_per_s"] > 0, "the tier's programs ran"
     assert "| probe sched_numa | reflexarc |" in r.stdout and "(cf. sched_numa)" in r.stdout
+
+
+def test_reaction_bench_quick_runs_both_pipelines_on_the_real_fault(tmp_path):
+    """``bench/reaction.py --quick``: reflexarc and the tightest Prometheus +
+    Alertmanager + script pipeline, once each, on the testbed's fault a. The
+    figures are not checked; what is checked is that each pipeline really
+    acted on the fault, the ratios exist, and nothing was left behind."""
+    require_loop()
+    out, work = tmp_path / "reaction.json", tmp_path / "work"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "reaction.py"), "--quick", "--out", str(out),
+                        "--work", str(work)], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    trials = {t["setting"]: t for t in result["trials"]}
+    assert set(trials) == {"reflexarc", "tightest"}
+    for name, t in trials.items():
+        assert t["applied_s"] is not None and t["applied_s"] > result["for_s"], f"{name} did not act: {t}"
+        assert t["lost_s"] > 0, f"{name}: the fault cost no step time: {t}"
+    assert trials["tightest"]["error"] is None and trials["tightest"]["decided_s"] is not None
+    assert trials["tightest"]["detected_s"] is not None, "Prometheus's activeAt was read"
+    assert set(result["ratios"]["tightest"]) == {"applied", "beyond_for", "lost"}
+    assert all(v is not None for v in result["ratios"]["tightest"].values())
+    assert open_changes(work / "state-script") == [], "the script's change was rolled back"
+    assert residue(result["testbed"]) == [], "the testbed left something behind"
+    assert "| reflexarc " in r.stdout and "| tightest " in r.stdout

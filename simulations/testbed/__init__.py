@@ -5,7 +5,9 @@ with real faults to inject.
 Modules: ``topology`` (namespaces, veths, the switch, ``Testbed``, ``sweep``),
 ``switch`` (the bottleneck's HTB classes), ``store`` (the HTTP object store),
 ``job`` (the training job), ``handle`` (a running job), ``faults``, ``procs``
-(processes and cgroups) and the CLI in ``__main__``.
+(processes and cgroups), ``controller`` and ``closed_loop`` (reflexarc on it),
+``conventional`` (the Prometheus, Alertmanager and script pipeline beside it)
+and the CLI in ``__main__``.
 
 Example::
 

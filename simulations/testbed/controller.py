@@ -1,7 +1,8 @@
 """The reflexarc controller as the testbed runs it: the real ``reflexarc run``
-in its own process on the host, in ``enforce``, with the real probes and
-actuators and the shipped policies whose selectors the testbed fills in
-(``fill_selectors``), nothing else changed.
+in its own process on the host, in ``enforce`` (or another ``mode``), with the
+real probes and actuators and the shipped policies whose selectors the testbed
+fills in (``fill_selectors``), nothing else changed; given ``metrics_addr``, it
+serves its signals to Prometheus too.
 
 ``ControllerProcess`` starts it, waits until it is armed (probes compiled, first
 audit record written), measures its CPU time and memory from ``/proc`` while it
@@ -88,7 +89,8 @@ class Usage:
 class ControllerProcess:
     def __init__(self, policy_dir: Path, state_dir: Path, hook_dir: Path, *, interval: float = 1.0,
                  sys_root: str | None = None, alertmanager_url: str | None = None,
-                 webhook_url: str | None = None, job: str | None = None, log: Path | None = None) -> None:
+                 webhook_url: str | None = None, job: str | None = None, log: Path | None = None,
+                 mode: str = "enforce", metrics_addr: str | None = None) -> None:
         self.policy_dir, self.state_dir, self.hook_dir = Path(policy_dir), Path(state_dir), Path(hook_dir)
         self.audit_path = self.state_dir / "audit.jsonl"
         self.log_path = log or self.state_dir / "controller.log"
@@ -99,10 +101,12 @@ class ControllerProcess:
             argv += ["--alertmanager-url", alertmanager_url]
         if webhook_url:
             argv += ["--webhook-url", webhook_url]
-        argv += ["run", "--mode", "enforce", "--policy", str(self.policy_dir), "--interval", str(interval),
+        argv += ["run", "--mode", mode, "--policy", str(self.policy_dir), "--interval", str(interval),
                  "--kill-switch", str(self.state_dir / "disable")]
         if job:
             argv += ["--job", job]
+        if metrics_addr:
+            argv += ["--metrics-addr", metrics_addr]
         self.argv = argv
         self.proc: subprocess.Popen | None = None
         self.armed_at = 0.0
