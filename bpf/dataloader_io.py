@@ -14,7 +14,7 @@ not as "1-2 ms".
 
 Signals: ``dataloader_read_latency_us{pid,trainer,quantile}`` (per interval,
 "0.5" and "0.99") and ``dataloader_reads_total{pid,trainer}`` (running
-counter). ``trainer`` is the worker's training process (``bpf/trainers.py``),
+counter). ``trainer`` is the worker's training process (``core/trainers.py``),
 the same for the new workers of every epoch; it is left out for a process
 that exited before its first collect, or an orphan.
 
@@ -52,7 +52,7 @@ from reflexarc.core.signals import SignalSpec
 from .loghist import SLOTS, quantiles
 from .maps import RunningTotals, drain_hists, sync_selection
 from .probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
-from .trainers import Trainers
+from reflexarc.core.trainers import Trainers
 
 # Reads of files, and receives on sockets: a worker that fetches its items from
 # an object store (S3, GCS, an HTTP dataset server) reads them with recvfrom.
@@ -82,9 +82,9 @@ class DataloaderIo(Probe):
     tier = "light"
     # trainer: the training process that owns the worker; rank: that process's rank.
     signals = (
-        SignalSpec("dataloader_read_latency_us", "us", ("node", "job", "pid", "quantile", "trainer", "rank"), "gauge",
+        SignalSpec("dataloader_read_latency_us", "us", ("node", "job", "pid", "quantile", "trainer", "rank", "pod"), "gauge",
                    "I/O latency of DataLoader worker reads (io_uring, read and receive syscalls), per interval quantile"),
-        SignalSpec("dataloader_reads_total", "1", ("node", "job", "pid", "trainer", "rank"), "counter",
+        SignalSpec("dataloader_reads_total", "1", ("node", "job", "pid", "trainer", "rank", "pod"), "counter",
                    "Reads completed by a DataLoader worker"),
     )
     fallback_order = (

@@ -50,9 +50,9 @@ class GpuSubmit(Probe):
     device = "gpu"                  # its signals mean nothing on a node without an NVIDIA GPU
     takes_dev_root = True           # the constructor takes ``dev_root=``, where the GPU device nodes are
     signals = (
-        SignalSpec("gpu_submit_rate_hz", "1/s", ("node", "job", "pid"), "gauge",
+        SignalSpec("gpu_submit_rate_hz", "1/s", ("node", "job", "rank", "pod", "pid"), "gauge",
                    "NVIDIA driver ioctl submissions per second"),
-        SignalSpec("gpu_submit_gap_us", "us", ("node", "job", "pid", "quantile"), "gauge",
+        SignalSpec("gpu_submit_gap_us", "us", ("node", "job", "rank", "pod", "pid", "quantile"), "gauge",
                    "Gap between consecutive submissions, per interval quantile"),
     )
     fallback_order = ("tracepoint syscalls:sys_enter_ioctl, when the node has an NVIDIA GPU", "none")

@@ -38,6 +38,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from reflexarc.core.cgroups import cgroup2_id
+from reflexarc.core.jobs import Discovery
 from reflexarc.core.procfs import ProcFS
 
 from . import catalog
@@ -87,6 +89,7 @@ class ProbeManager:
         self.features = features or KernelFeatures()
         self.node = node
         self.procfs = ProcFS(proc_root)
+        self.discovery = Discovery(proc_root, fallback=selection.job)
         self.sys_root = sys_root
         self.clock = clock
         self.armed_after: float | None = None   # seconds from start() to every probe armed
@@ -135,6 +138,7 @@ class ProbeManager:
         """Resolve the selection, then compile and attach every light probe not
         already running."""
         began = time.monotonic()
+        self.discovery.refresh()
         self.selection = self._resolve()
         for name, probe in self._probes.items():
             if probe.status.state in RUNNING:
@@ -180,7 +184,18 @@ class ProbeManager:
                 self.disable_deep(key)
                 self._status[f"{s.probe_name}[{key}]"] = ProbeStatus(
                     UNSUPPORTED, f"collect failed: {_describe(exc)}", s.probe.status.attach_points)
+        for _, labels, _ in out:
+            self.label_job(labels)
         return out
+
+    def label_job(self, labels: dict) -> None:
+        """Give a sample about a process (``trainer`` or ``pid``) the job, rank and
+        pod discovery found for its training process; ``--job`` only names the
+        ones it found none for."""
+        pid = labels.get("trainer") or labels.get("pid")
+        identity = self.discovery.identity(int(pid)) if pid and str(pid).isdigit() else None
+        if identity is not None:
+            labels.update(identity.labels())
 
     def events(self) -> list[dict]:
         """The discrete events (rare, e.g. a cross-NUMA migration) that running
@@ -212,12 +227,34 @@ class ProbeManager:
     def _resolve(self) -> Selection:
         base = self.base_selection
         found = set(self.procfs.find(base.comms))
-        return replace(base, pids=tuple(sorted(set(int(p) for p in base.pids) | found)))
+        jobs = self.discovery.jobs()
+        return replace(base, pids=tuple(sorted(set(int(p) for p in base.pids) | found)),
+                       trainers=tuple(sorted(t.pid for job in jobs for t in job.trainers)),
+                       job_cgroups=self._job_cgroups(jobs))
+
+    def _job_cgroups(self, jobs) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """Each found job's cgroup v2 ids: those its training processes sit in, but
+        not the root, and none that two jobs share (whose traffic would be whose?)."""
+        owners: dict[int, set[str]] = {}
+        for job in jobs:
+            if not job.name:
+                continue
+            for t in job.trainers:
+                path = self.procfs.cgroup2(t.pid)
+                ident = cgroup2_id(path, self.procfs.root) if path not in (None, "", "/") else None
+                if ident is not None:
+                    owners.setdefault(ident, set()).add(job.name)
+        by_job: dict[str, set[int]] = {}
+        for ident, names in owners.items():
+            if len(names) == 1:
+                by_job.setdefault(next(iter(names)), set()).add(ident)
+        return tuple((name, tuple(sorted(ids))) for name, ids in sorted(by_job.items()))
 
     def refresh_selection(self) -> bool:
         """Rescan /proc for processes named as the selection's comms;
         when the set changed (new or exited workers) push it to every running
         probe as map updates. Returns whether it changed."""
+        self.discovery.refresh()
         resolved = self._resolve()
         if resolved == self.selection:
             return False

@@ -16,7 +16,7 @@ and line. A probe compiles once in
 its maps once per interval, returning plain ``(signal_name, labels, value)``
 tuples: this layer does not know the controller; the controller stamps and
 publishes them. A probe whose signals are per DataLoader worker sets
-``trainers`` (``bpf.trainers.Trainers``): then every signal with a ``pid`` label
+``trainers`` (``core.trainers.Trainers``): then every signal with a ``pid`` label
 also carries ``trainer``, the worker's training process, which outlives the
 per-epoch workers.
 
@@ -82,6 +82,10 @@ class Selection:
                                      # or shaped links, whose reported speed says nothing
     traffic_cgroup_ids: tuple[int, ...] = ()  # cgroup v2 ids whose sockets' packets are the job's
                                      # traffic on those interfaces (not tasks to watch)
+    # Filled by the probe manager from job discovery (reflexarc.core.jobs) at every refresh:
+    trainers: tuple[int, ...] = ()   # tgids of the node's training processes (every job's)
+    job_cgroups: tuple[tuple[str, tuple[int, ...]], ...] = ()   # (job, cgroup v2 ids of its training
+                                     # processes): whose sockets' packets are each job's traffic
 
 
 class KernelFeatures:

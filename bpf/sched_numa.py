@@ -22,7 +22,7 @@ started; selected processes are reported from zero),
 on-CPU time spent on CPUs outside its memory node), and
 ``probe_events_lost_total{probe="sched_numa"}`` (running count of events the
 full ring buffer could not take). ``trainer`` is the worker's training process
-(``bpf/trainers.py``), the same for the new workers of every epoch; it is left
+(``core/trainers.py``), the same for the new workers of every epoch; it is left
 out for a process that exited before its first collect, or an orphan.
 
 A process's memory node is the node with the most resident memory in
@@ -103,7 +103,7 @@ from reflexarc.core.topology import NO_NODE, NodeMap, Topology
 from .loghist import SLOTS, quantiles
 from .maps import RunningTotals, drain, drain_hists, sync_selection
 from .probe import DEGRADED, EVENTS_LOST, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
-from .trainers import Trainers
+from reflexarc.core.trainers import Trainers
 
 MAX_SELECTED = 1024
 MAX_EVENTS = 256        # events kept between drains; older ones are dropped
@@ -168,13 +168,13 @@ class SchedNuma(Probe):
     takes_sys_root = True
     # trainer: the training process that owns the worker; rank: that process's rank.
     signals = (
-        SignalSpec("numa_migrations_total", "1", ("node", "job", "pid", "trainer", "rank"), "counter",
+        SignalSpec("numa_migrations_total", "1", ("node", "job", "pid", "trainer", "rank", "pod"), "counter",
                    "Task migrations between CPUs of a selected task"),
-        SignalSpec("numa_cross_migrations_total", "1", ("node", "job", "pid", "trainer", "rank"), "counter",
+        SignalSpec("numa_cross_migrations_total", "1", ("node", "job", "pid", "trainer", "rank", "pod"), "counter",
                    "Task migrations that crossed a NUMA node boundary"),
-        SignalSpec("dataloader_runq_latency_us", "us", ("node", "job", "pid", "quantile", "trainer", "rank"), "gauge",
+        SignalSpec("dataloader_runq_latency_us", "us", ("node", "job", "pid", "quantile", "trainer", "rank", "pod"), "gauge",
                    "Run-queue latency (wakeup to switch-in) of DataLoader worker threads, per interval quantile"),
-        SignalSpec("numa_remote_ratio", "ratio", ("node", "job", "pid", "trainer", "rank"), "gauge",
+        SignalSpec("numa_remote_ratio", "ratio", ("node", "job", "pid", "trainer", "rank", "pod"), "gauge",
                    "Share of a task's CPU time spent on a CPU outside its memory's NUMA node"),
         EVENTS_LOST,
     )

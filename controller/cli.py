@@ -466,6 +466,19 @@ def cmd_top(args) -> int:
                    sys_root=args.sys_root, proc_root=args.proc_root, probes=not args.no_probes)
 
 
+def cmd_jobs(args) -> int:
+    from reflexarc.core.jobs import Discovery
+    from .jobs_view import format_jobs, jobs_json
+    if os.geteuid() != 0:
+        print("warning: not root: other users' processes cannot be read, so their jobs are not listed",
+              file=sys.stderr)
+    discovery = Discovery(args.proc_root, fallback=args.job)
+    discovery.refresh()
+    jobs = discovery.jobs()
+    print(jobs_json(jobs, discovery.skipped) if args.json else format_jobs(jobs, discovery.skipped))
+    return 0
+
+
 def cmd_act(args) -> int:
     from reflexarc.actuators.base import Target
     from reflexarc.actuators.registry import build_registry
@@ -708,6 +721,15 @@ def build_parser() -> Parser:
                            help="do not load the bcc probes: only the step signals training scripts report "
                                 "through the hook directory")
         s.set_defaults(fn=fn)
+
+    s = sub.add_parser("jobs", help="list the training jobs on this node: ranks, processes, pod or cgroup, and "
+                                    "the evidence each was found by",
+                       description="Jobs are found from what launchers set (torchrun, Slurm, Open MPI, PMIx, "
+                                   "DeepSpeed, Accelerate) and from kubelet's and Slurm's cgroups; nothing else "
+                                   "of a process's environment is read out.")
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    s.add_argument("--job", default="", help="the job of training processes discovery finds no job for")
+    s.set_defaults(fn=cmd_jobs)
 
     s = sub.add_parser("act", help="apply one actuator by hand", epilog=actuators_help(),
                        formatter_class=argparse.RawDescriptionHelpFormatter,

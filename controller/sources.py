@@ -171,7 +171,7 @@ class ProbeSource:
             for _, labels, _ in samples:       # each sample has its own labels dict
                 trainer = labels.get("trainer")
                 rank = self._ranks.get(int(trainer)) if trainer else None
-                if rank is not None:
+                if rank is not None and "rank" not in labels:   # a rank discovery found wins
                     labels["rank"] = rank
         return samples
 

@@ -1,5 +1,9 @@
 """``reflexarc top``: live signals, grouped by job and training process.
 
+Jobs, ranks and pods are those discovery finds on the node
+(``reflexarc.core.jobs``, through the probe manager); ``--job`` names only the
+training processes it finds no job for.
+
 Every interval it reads the probes (bcc, light tier) and the step signals the
 training scripts report through the hooks (``step_time_ms``,
 ``dataloader_batch_wait_ms``, ``step_pre_collective_ms``; each labelled with
@@ -8,7 +12,7 @@ process), keeps the latest value of every series, and prints them in the manner
 of bcc's interval tools (``biolatency 1``, ``runqlat 1``)::
 
     12:00:01  2 training processes, 9 series
-    job llama
+    job llama (pod 1b2c3d4e-...)
       trainer 4242 (rank 0, python)
         step_time_ms                                          182  ms     0.2 s ago
         dataloader_batch_wait_ms                             12.3  ms     0.2 s ago
@@ -51,7 +55,7 @@ from .signals import CATALOGUE
 
 TARGET_LABELS = ("job", "rank", "trainer", "pid", "tid", "dev", "flow", "port", "qp", "iface")
 PROCESS_LABELS = ("trainer", "pid", "tid")        # labels naming a process: the series goes when it does
-GROUP_LABELS = ("job", "trainer", "rank")         # shown in the group headings, not in the rows
+GROUP_LABELS = ("job", "trainer", "rank", "pod")  # shown in the group headings, not in the rows
 HIDDEN_LABELS = ("node",)                         # the same on every row: in the heading
 HOOK_SIGNALS = ("step_time_ms", "dataloader_batch_wait_ms", "step_pre_collective_ms")
 RECENT_EVENTS = 5
@@ -208,7 +212,10 @@ class TopView:
         groups = self.groups()
         for job in sorted(groups, key=lambda j: (j == "", j)):
             processes = groups[job]
-            lines.append(f"job {job}" if job else ("no job label" if set(processes) - {""} else "node"))
+            pods = sorted({r[1]["pod"] for rows in processes.values() for r in rows if r[1].get("pod")})
+            lines.append(f"job {job}" + (f" (pod {', '.join(pods)})" if pods else "") if job else
+                         ("(no job found: no launcher environment, pod or Slurm cgroup; --job names it)"
+                          if set(processes) - {""} else "node"))
             for process in sorted(processes, key=lambda p: (p == "", _pid(p) or 0, p)):
                 rows = processes[process]
                 if process:

@@ -28,3 +28,15 @@ def cgroup2_root(proc_root: str = "/proc") -> Path | None:
     """The first cgroup2 mount, or None when none is mounted."""
     mounts = cgroup2_mounts(proc_root)
     return mounts[0] if mounts else None
+
+
+def cgroup2_id(path: str, proc_root: str = "/proc") -> int | None:
+    """The id of the cgroup v2 ``path`` as ``/proc/PID/cgroup`` writes it (``/job``,
+    relative to the mount), or None when it is not there (gone, or no v2 mount)."""
+    root = cgroup2_root(proc_root)
+    if root is None:
+        return None
+    try:
+        return (root / path.lstrip("/")).stat().st_ino
+    except OSError:
+        return None

@@ -182,6 +182,13 @@ class ProcFS:
         text = (self._read(pid, "cgroup") or b"").decode(errors="replace")
         return [line.split(":", 2)[2] for line in text.splitlines() if line.count(":") >= 2]
 
+    def cgroup2(self, pid: int) -> str | None:
+        """The cgroup v2 path of ``pid`` (the ``0::`` line), or None."""
+        for line in (self._read(pid, "cgroup") or b"").decode(errors="replace").splitlines():
+            if line.startswith("0::"):
+                return line[3:]
+        return None
+
     def cgroup_path(self, cgroup: str) -> str:
         """``cgroup`` as ``/proc/<pid>/cgroup`` writes it: a path under a cgroup2
         mount loses the mount point (``/sys/fs/cgroup/job`` -> ``/job``)."""

@@ -1,4 +1,4 @@
-"""Which training process owns a DataLoader worker (``bpf/trainers.py``): on a
+"""Which training process owns a DataLoader worker (``core/trainers.py``): on a
 fixture proc tree for each start method's shape (fork/spawn: the parent;
 forkserver: past the fork server; a worker's own worker; an orphan; a reused
 pid), and on real processes started through Python's forkserver."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from test_actuator_affinity import fake_proc
 
-from reflexarc.bpf.trainers import Trainers
+from reflexarc.core.trainers import Trainers
 
 RENAME_AND_WAIT = ("import ctypes, time\n"
                    "ctypes.CDLL(None).prctl(15, b'pt_data_worker', 0, 0, 0)\n"   # PR_SET_NAME

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from reflexarc.core.procfs import ProcFS, comm_bytes
+from .procfs import ProcFS, comm_bytes
 
 WORKER_COMMS = ("pt_data_worker",)
 FORKSERVER = "from multiprocessing.forkserver import main"   # the -c argument of Python's fork server

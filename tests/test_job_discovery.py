@@ -1,0 +1,319 @@
+"""Jobs found from the node alone (``core/launchers.py``, ``core/cgroup_jobs.py``,
+``core/jobs.py``, ``reflexarc jobs``): launcher environments and kubelet/Slurm
+cgroup layouts read from real processes placed in real cgroups (v2 and v1), two
+jobs on one node kept apart, bad input skipped with a counted reason, and no
+byte of an environment beyond the recognised keys kept anywhere."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import require, require_root, wait_until
+
+from reflexarc.core.cgroup_jobs import from_cgroups, placement
+from reflexarc.core.cgroups import cgroup2_root
+from reflexarc.core.jobs import Discovery
+from reflexarc.core.launchers import Malformed, from_environ, recognised
+
+SECRET = "hunter2-s3cr3t-token-value"
+# A training process that forks one DataLoader-like worker (renamed as torch names
+# its workers) and a helper child that keeps the environment, then waits.
+TRAINER = r"""
+import ctypes, os, sys, time
+def child(name):
+    if os.fork() == 0:
+        if name:
+            ctypes.CDLL(None).prctl(15, name, 0, 0, 0)
+        time.sleep(120); os._exit(0)
+child(b"pt_data_worker")
+child(b"")
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def env_blob(**env: str) -> bytes:
+    return b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
+
+
+# --- what launchers set -----------------------------------------------------------
+def test_each_launcher_names_job_and_rank():
+    cases = {
+        "torchrun": (dict(TORCHELASTIC_RUN_ID="llama-7b", RANK="3", LOCAL_RANK="1", WORLD_SIZE="16",
+                          MASTER_ADDR="10.0.0.1", MASTER_PORT="29500"), ("llama-7b", 3, 1, 16)),
+        "slurm": (dict(SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_PROCID="5", SLURM_LOCALID="1",
+                       SLURM_NTASKS="8"), ("slurm-4242", 5, 1, 8)),
+        "openmpi": (dict(OMPI_COMM_WORLD_RANK="2", OMPI_COMM_WORLD_LOCAL_RANK="0", OMPI_COMM_WORLD_SIZE="4",
+                         OMPI_MCA_ess_base_jobid="3840475137"), ("3840475137", 2, 0, 4)),
+        "pmix": (dict(PMIX_RANK="7", PMIX_NAMESPACE="prterun-n1-811@1"), ("prterun-n1-811@1", 7, None, None)),
+        "deepspeed": (dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="n1", MASTER_PORT="29500",
+                           CROSS_RANK="0", CROSS_SIZE="1", LOCAL_SIZE="2"), ("n1:29500", 1, 1, 2)),
+        "accelerate": (dict(TORCHELASTIC_RUN_ID="ft-run", RANK="0", LOCAL_RANK="0", WORLD_SIZE="2",
+                            ACCELERATE_MIXED_PRECISION="bf16"), ("ft-run", 0, 0, 2)),
+    }
+    for launcher, (env, want) in cases.items():
+        launch = from_environ(recognised(env_blob(**env, HF_TOKEN=SECRET)))
+        assert launch is not None and launch.launcher == launcher, (launcher, launch)
+        assert (launch.job, launch.rank, launch.local_rank, launch.world_size) == want, launcher
+
+
+def test_torchrun_inside_slurm_is_the_slurm_job_with_torchruns_rank():
+    launch = from_environ(recognised(env_blob(SLURM_JOB_ID="99", SLURM_PROCID="0", TORCHELASTIC_RUN_ID="none",
+                                              RANK="6", LOCAL_RANK="2", WORLD_SIZE="8")))
+    assert (launch.job, launch.rank, launch.local_rank) == ("slurm-99", 6, 2)
+
+
+def test_no_launcher_no_job_and_torchruns_default_run_id_is_no_id():
+    assert from_environ(recognised(env_blob(HOME="/root", PATH="/bin"))) is None
+    assert from_environ(recognised(env_blob(TORCHELASTIC_RUN_ID="none", RANK="0"))) is None
+
+
+def test_only_recognised_keys_survive():
+    env = recognised(env_blob(RANK="0", AWS_SECRET_ACCESS_KEY=SECRET, PET_NNODES="2", ACCELERATE_X=SECRET) +
+                     b"garbage-without-equals\0\xff\xfe=\x00")
+    assert env == {"RANK": "0", "PET_": "", "ACCELERATE_": ""}
+    assert SECRET not in repr(env)
+
+
+@pytest.mark.parametrize("blob, why", [
+    (env_blob(RANK="A" * 300), "bytes long"),
+    (env_blob(RANK="-1"), "not a number"),
+    (env_blob(WORLD_SIZE=str(1 << 30)), "not a number"),
+    (b"TORCHELASTIC_RUN_ID=caf\xc3\xa9\0", "not ASCII"),
+    (env_blob(TORCHELASTIC_RUN_ID="a b;rm -rf /"), "characters"),
+])
+def test_malformed_values_are_refused_without_the_value(blob, why):
+    with pytest.raises(Malformed) as err:
+        recognised(blob)
+    assert why in str(err.value) and "rm -rf" not in str(err.value) and "AAAA" not in str(err.value)
+
+
+# --- cgroup layouts -------------------------------------------------------------------
+UID = "1b2c3d4e-0000-4a4a-8b8b-0123456789ab"
+CID = "ab" * 32
+
+
+@pytest.mark.parametrize("path, pod, container, qos", [
+    (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/"
+     f"cri-containerd-{CID}.scope", UID, CID, "burstable"),
+    (f"/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/crio-{CID}.scope", UID, CID, ""),
+    (f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID.replace('-', '_')}.slice/"
+     f"docker-{CID}.scope", UID, CID, "besteffort"),
+    (f"/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/crio-conmon-{CID}.scope", UID, "", ""),
+    (f"/kubepods/burstable/pod{UID}/{CID}", UID, CID, "burstable"),
+    (f"/kubepods/pod{UID}/{CID}", UID, CID, ""),
+    (f"/system.slice/containerd.service/kubepods/pod{UID}/{CID}", UID, CID, ""),   # a node in a container
+])
+def test_kubelet_layouts(path, pod, container, qos):
+    place = placement(path)
+    assert (place.pod, place.container, place.qos) == (pod, container, qos)
+
+
+def test_slurm_layouts_and_unrelated_paths():
+    v2 = placement("/system.slice/slurmstepd.scope/job_42/step_0/user/task_0")
+    v1 = placement("/slurm/uid_1000/job_43/step_batch/task_1")
+    assert (v2.slurm_job, v2.slurm_step, v1.slurm_job, v1.slurm_step) == ("42", "0", "43", "batch")
+    for path in ("/", "/user.slice/user-1000.slice/session-3.scope", "/job_42/step_0", "/kubepods/podnotauid"):
+        assert placement(path) is None, path
+    best = from_cgroups(["/kubepods/pod" + UID, f"/kubepods/pod{UID}/{CID}"])
+    assert best.container == CID, "the most specific line wins"
+
+
+# --- real processes in real cgroups ----------------------------------------------------
+class Cgroups:
+    """Directories made under the real cgroup2 (and one v1) hierarchy, below a
+    prefix of this test's own; processes moved in; all removed at the end."""
+
+    def __init__(self) -> None:
+        self.made: list[Path] = []
+
+    def make(self, root: Path, rel: str) -> Path:
+        path = root / rel
+        for parent in reversed([path, *path.parents]):
+            if parent != root and root in parent.parents and not parent.exists():
+                parent.mkdir()
+                self.made.append(parent)
+        return path
+
+    def move(self, path: Path, pid: int) -> None:
+        (path / "cgroup.procs").write_text(str(pid))
+
+    def close(self, procs) -> None:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for d in reversed(self.made):
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    import time
+                    time.sleep(0.1)
+
+
+def start(env: dict, cgroups: list[tuple[Cgroups, Path]] = ()) -> subprocess.Popen:
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", "import os,sys; os.read(int(sys.argv[1]), 1); " +
+                             f"exec(compile({TRAINER!r}, 'trainer', 'exec'))", str(r)],
+                            env={"PATH": "/usr/bin:/bin", "DB_PASSWORD": SECRET, **env}, pass_fds=(r,),
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    os.close(r)
+    for cg, path in cgroups:
+        cg.move(path, proc.pid)                  # before it forks: its children are born there
+    os.write(w, b"x")
+    os.close(w)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@pytest.fixture
+def two_jobs():
+    require_root()
+    v2 = cgroup2_root()
+    require(v2 is not None, "a mounted cgroup2 hierarchy")
+    v1 = Path("/sys/fs/cgroup/pids")
+    require(v1.is_dir() and (v1 / "cgroup.procs").exists(), "a cgroup v1 pids hierarchy at /sys/fs/cgroup/pids")
+    tag = f"rxjobs{os.getpid()}"
+    uid = str(uuid.uuid4())
+    cg = Cgroups()
+    procs = []
+    try:
+        pod = cg.make(v2, f"{tag}/kubepods.slice/kubepods-burstable.slice/"
+                          f"kubepods-burstable-pod{uid.replace('-', '_')}.slice/cri-containerd-{CID}.scope")
+        step = cg.make(v1, f"{tag}/slurm/uid_0/job_4242/step_0/task_0")
+        torchrun = dict(TORCHELASTIC_RUN_ID="llama-7b", RANK="1", LOCAL_RANK="0", WORLD_SIZE="2",
+                        MASTER_ADDR="10.99.0.1", MASTER_PORT="29500")
+        procs.append(start(torchrun, [(cg, pod)]))
+        procs.append(start(dict(SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_LOCALID="0",
+                                SLURM_NTASKS="1"), [(cg, step)]))
+        procs.append(start({}))                  # a job started by hand: no launcher, no pod
+        yield uid, procs
+    finally:
+        cg.close(procs)
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_two_jobs_on_one_node_each_with_its_own_ranks_and_processes(two_jobs):
+    uid, (pod_job, slurm_job, bare) = two_jobs
+    d = Discovery()
+    d.refresh()
+    jobs = {j.name: j for j in d.jobs()}
+    llama, slurm = jobs["llama-7b"], jobs["slurm-4242"]
+    assert [(t.pid, t.rank) for t in llama.trainers] == [(pod_job.pid, 1)]
+    assert [(t.pid, t.rank) for t in slurm.trainers] == [(slurm_job.pid, 0)]
+    assert llama.pods == [uid] and slurm.pods == []
+    assert set(llama.trainers[0].processes) == {pod_job.pid, *children(pod_job.pid)}
+    assert set(slurm.trainers[0].processes) == {slurm_job.pid, *children(slurm_job.pid)}
+    assert {"environ TORCHELASTIC_RUN_ID", "environ RANK", "kubelet systemd cgroup"} <= set(llama.evidence)
+    assert "slurm cgroup" in slurm.evidence
+    unattributed = jobs[""]
+    assert bare.pid in [t.pid for t in unattributed.trainers], "a DataLoader owner with no job is listed as such"
+    # every process is labelled through its training process, workers included
+    worker = next(c for c in children(pod_job.pid) if Path(f"/proc/{c}/comm").read_text().strip() == "pt_data_worker")
+    assert d.identity(worker).labels() == {"job": "llama-7b", "rank": "1", "pod": uid}
+    assert d.identity(slurm_job.pid).labels() == {"job": "slurm-4242", "rank": "0"}
+    assert d.identity(bare.pid) is None
+    assert Discovery(fallback="by-hand").identity(bare.pid).job == "by-hand"
+    assert Discovery(fallback="by-hand").identity(pod_job.pid).job == "llama-7b", "--job never relabels a found job"
+    assert SECRET not in repr(d._known) and SECRET not in repr(d.jobs())
+
+
+def test_jobs_verb_names_each_job_and_keeps_secrets(two_jobs, tmp_path):
+    uid, (pod_job, slurm_job, bare) = two_jobs
+    rx = Path(sys.executable).parent / "reflexarc"
+    table = subprocess.run([str(rx), "jobs"], capture_output=True, text=True)
+    assert table.returncode == 0, table.stderr
+    rows = {line.split()[0] + ":" + line.split()[4] for line in table.stdout.splitlines()[1:] if len(line.split()) > 5}
+    assert f"llama-7b:{pod_job.pid}" in rows and f"slurm-4242:{slurm_job.pid}" in rows
+    assert f"pod {uid}" in table.stdout
+    out = subprocess.run([str(rx), "jobs", "--json"], capture_output=True, text=True)
+    doc = json.loads(out.stdout)
+    llama = next(j for j in doc["jobs"] if j["job"] == "llama-7b")
+    assert llama["ranks"][0]["container"] == CID and llama["ranks"][0]["launcher"] == "torchrun"
+    for text in (table.stdout, table.stderr, out.stdout, out.stderr):
+        assert SECRET not in text
+
+
+# --- bad input ----------------------------------------------------------------------
+def fixture_proc(root: Path, pid: int, comm: str, environ: bytes | None, ppid: int = 1) -> Path:
+    d = root / str(pid)
+    (d / "task" / str(pid)).mkdir(parents=True)
+    (d / "stat").write_text(f"{pid} ({comm}) S {ppid} " + " ".join(["0"] * 17) + " 5000 0 0\n")
+    (d / "comm").write_text(comm + "\n")
+    (d / "cgroup").write_text("0::/\n")
+    if environ is not None:
+        (d / "environ").write_bytes(environ)
+    return d
+
+
+def test_bad_environments_are_skipped_with_a_counted_reason(tmp_path):
+    root = tmp_path / "proc"
+    fixture_proc(root, 10, "python", env_blob(TORCHELASTIC_RUN_ID="ok", RANK="0"))
+    fixture_proc(root, 11, "python", None)                                     # vanished before the read
+    fixture_proc(root, 12, "python", env_blob(RANK="9" * 400))                # huge value
+    fixture_proc(root, 13, "python", b"X=" + b"y" * (2 << 20))                # a 2 MiB environment
+    fixture_proc(root, 14, "python", env_blob(SLURM_PROCID="zero", SLURM_JOB_ID="1"))
+    d = Discovery(str(root))
+    d.refresh()
+    assert dict(d.skipped) == {"vanished": 1, "malformed": 2, "oversized": 1}
+    assert [j.name for j in d.jobs()] == ["ok"]
+
+
+def test_unreadable_environments_are_counted_not_raised():
+    """As an unprivileged user, other users' environments cannot be read."""
+    require_root()
+    script = ("from reflexarc.core.jobs import Discovery; d = Discovery(); d.refresh(); d.jobs(); "
+              "import json; print(json.dumps(d.skipped))")
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                          script], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout).get("unreadable", 0) > 0
+
+
+class NoDescriptorsLeft:
+    """Every file descriptor this process may open is in use, for the block's length."""
+
+    def __enter__(self):
+        self.limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, self.limits[1]))
+        self.held = []
+        try:
+            while True:
+                self.held.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        for fd in self.held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, self.limits)
+
+
+def test_fd_exhaustion_is_not_taken_for_a_gone_process(tmp_path):
+    root = tmp_path / "proc"
+    fixture_proc(root, 10, "python", env_blob(TORCHELASTIC_RUN_ID="ok", RANK="0"))
+    known, fresh = Discovery(str(root)), Discovery(str(root))
+    known.refresh()
+    with NoDescriptorsLeft():
+        known.refresh()
+        fresh.refresh()
+        unread = fresh._environ(10)
+        assert known.identity(10).job == "ok", "a known process is kept while descriptors are out"
+    assert unread == "fd-exhausted"
+    assert known.skipped["fd-exhausted"] >= 1 and known.skipped["vanished"] == 0, dict(known.skipped)
+    assert [j.name for j in known.jobs()] == ["ok"]
+    fresh.refresh()                                  # tried again once descriptors are back
+    assert [j.name for j in fresh.jobs()] == ["ok"] and fresh.skipped["vanished"] == 0
