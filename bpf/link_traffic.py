@@ -1,14 +1,22 @@
 """Loader of ``link_traffic.bpf.c``: egress traffic and utilisation of network
-interfaces, split into the training job's own traffic and competing traffic,
-plus the backlog and drops of each interface's root qdisc; a congestion signal
-that tells "the job saturates its link" from "something else crowds it out".
+interfaces, split per training job into each job's own traffic and what
+competes with it, plus the backlog and drops of each interface's root qdisc; a
+congestion signal that tells "the job saturates its link" from "something else
+crowds it out".
 
 The interfaces are ``Selection.interfaces`` inside ``Selection.netns`` (a name
 under /run/netns, a path such as /proc/PID/ns/net, or "" for this process's
-own namespace); the job is ``Selection.traffic_cgroup_ids``: a packet is the job's when
-its socket belongs to one of those cgroup v2 ids or to a descendant of one.
-A selection change of cgroups is a map update; a change of interfaces attaches
-or detaches one program instance; neither recompiles.
+own namespace). A packet is a job's when its socket belongs to one of the
+job's cgroup v2 ids or to a descendant of one. The jobs are, first, a policy's
+explicit cgroup (``Selection.traffic_cgroup_ids``: one job, labelled
+``Selection.job``), else the jobs discovery found (``Selection.job_cgroups``:
+(name, cgroup ids) each, labelled with the name). Each job gets a slot
+(1..``max_jobs``) that the program's cgroup map points at; a job keeps its slot
+while it lasts; the slot of a job that went away is freed at the next collect,
+once its counts were read, and a new job that takes it starts from a baseline
+of its running totals, inheriting nothing. A change of jobs or cgroups is a map
+update; a change of interfaces attaches or detaches one program instance;
+neither recompiles.
 
 Attach levels, best first (``fallback_order``; ``level=`` starts lower):
 
@@ -38,23 +46,30 @@ thread, so the controller's other threads stay where they are. The probe holds
 no reference that would keep a deleted namespace alive for longer than one
 collect interval.
 
-Signals, each with ``node``, ``job`` (the selection's label), ``iface`` and
-``netns`` (the selection's string)::
+Signals, each with ``node``, ``iface`` and ``netns`` (the selection's string)::
 
-    link_tx_bytes_total{traffic}     counter: bytes since the probe began watching
-    link_tx_packets_total{traffic}   counter: packets (GSO segments) likewise
-    link_utilization_pct{traffic}    gauge: bits over the last collect interval
-                                     / link speed * 100, from the second collect on
-    qdisc_backlog_bytes              gauge: bytes queued in the root qdisc
-    qdisc_drops_total                counter: the root qdisc's own drop counter
+    link_tx_bytes_total{job,traffic}     counter: bytes since the probe began watching
+                                         (a job's: since the job appeared)
+    link_tx_packets_total{job,traffic}   counter: packets (GSO segments) likewise
+    link_utilization_pct{job,traffic}    gauge: bits over the last collect interval
+                                         / link speed * 100, from a series' second collect on
+    qdisc_backlog_bytes                  gauge: bytes queued in the root qdisc
+    qdisc_drops_total                    counter: the root qdisc's own drop counter
 
-``traffic`` is ``job``, ``other`` and ``all`` with cgroups selected, else only
-``all``; the qdisc signals carry no ``job`` and come only from a root qdisc
-that queues (not ``noqueue``). Bytes are what enters the device's egress path
-with the link-layer header (``skb->len``, what the device's own ``tx_bytes``
-counts; a GSO packet counts its headers once), before the qdisc: what the
-senders offer, including what the qdisc then drops, so above 100 % the demand
-exceeds the link (``qdisc_drops_total`` shows what it cost).
+Per interface: ``traffic="all"`` once (everything sent), and for each job
+``traffic="job"`` (the job's packets) and ``traffic="other"`` (everything
+else on the interface, other jobs' traffic included), both with ``job``.
+``all`` carries no ``job`` beside discovered jobs; with an explicit cgroup all
+three carry ``Selection.job`` when it is set, as does ``all`` with no job at
+all (then it is the only series). A job that goes away leaves no series; its
+bytes stay in ``all`` and in the others' ``other``. The qdisc signals carry no
+``job`` and come only from a root qdisc that queues (not ``noqueue``).
+
+Bytes are what enters the device's egress path with the link-layer header
+(``skb->len``, what the device's own ``tx_bytes`` counts; a GSO packet counts
+its headers once), before the qdisc: what the senders offer, including what
+the qdisc then drops, so above 100 % the demand exceeds the link
+(``qdisc_drops_total`` shows what it cost).
 
 Link speed: the speed declared in ``Selection.link_speeds`` (bits/s) first,
 else ``/sys/class/net/<iface>/speed`` for this process's own namespace, else
@@ -74,6 +89,13 @@ Example::
     # [("link_tx_bytes_total", {"node": ..., "job": "llama", "iface": "eth0",
     #   "netns": "job-ns", "traffic": "job"}, 1.2e7), ...,
     #  ("link_utilization_pct", {..., "traffic": "other"}, 31.0), ...]
+    probe.update_selection(Selection(interfaces=("eth0",), netns="job-ns",
+                                     job_cgroups=(("llama", (4242,)), ("bert", (4343, 4344)))))
+    probe.collect(time.time() + 2)  # a map update; per interface:
+    # link_tx_bytes_total{node, iface="eth0", netns="job-ns", traffic="all"}
+    # link_tx_bytes_total{node, job="bert", iface="eth0", netns="job-ns", traffic="job"}
+    # link_tx_bytes_total{node, job="bert", ..., traffic="other"}  (llama's included)
+    # link_tx_bytes_total{node, job="llama", ..., traffic="job"}, {..., traffic="other"}
     probe.stop()                   # links closed, filters and owned qdiscs removed
 
 Overhead: start costs one compile (~0.2 s; this program is small) and, per
@@ -87,8 +109,9 @@ run_time_ns: 0.21-0.23 us per 64-byte UDP packet, ~0.30 us per TCP skb, minus
 the 0.06 us an empty program shows the same way). A bulk TCP stream over the
 veth ran at 19.2 Gb/s without the probe and 18.7 / 19.9 Gb/s with it (two
 rounds): no difference beyond the noise. Collect: one walk of the per-CPU map
-(two keys per interface), one qdisc dump per interface, and with ``counters``
-one link dump per interface.
+(one key per interface and job slot, plus one for no job's), one qdisc dump per
+interface, and with ``counters`` one link dump per interface. A change of jobs:
+a few map updates, and one more walk when a slot is handed out.
 """
 from __future__ import annotations
 
@@ -116,7 +139,9 @@ FILTER_NAME = "link_traffic"        # the clsact qdisc was there before us
 FILTER_NAME_OWNS_QDISC = "link_traffic+clsact"   # we created the clsact qdisc
 TC_EGRESS, TC_INGRESS, TC_H_ROOT = 0xFFFFFFF3, 0xFFFFFFF2, 0xFFFFFFFF
 
-TRAFFIC_OTHER, TRAFFIC_JOB = 0, 1   # struct count_key.traffic in link_traffic.bpf.c
+SLOT_NONE = 0                       # struct count_key.traffic in link_traffic.bpf.c: no job's
+TRAFFIC_OTHER, TRAFFIC_JOB = SLOT_NONE, 1   # with one explicit cgroup selection, its job is slot 1
+EXPLICIT = None                     # the owner of a slot for Selection.traffic_cgroup_ids
 
 # bpf(2), values checked against the 6.18 UAPI (BTF of /sys/kernel/btf/vmlinux)
 _NR_BPF = {"x86_64": 321, "aarch64": 280}
@@ -374,7 +399,7 @@ class _Watch:
     base: tuple[int, int] = (0, 0)      # counters: tx bytes, packets when watching began
     speed: int | None = None            # bits/s
     speed_source: str = ""              # declared, sysfs, ethtool
-    last: tuple[float, dict[str, int]] | None = None   # (collect time, bytes by traffic)
+    last: tuple[float, dict[tuple, int]] | None = None   # (collect time, bytes by (traffic, job))
     notes: list[str] = field(default_factory=list)
 
 
@@ -388,12 +413,12 @@ class LinkTraffic(Probe):
     signals = (
         SignalSpec("link_utilization_pct", "%", _LABELS, "gauge",
                    "Egress bits of an interface over the last interval as a share of its link speed, "
-                   "by traffic (job, other, all)"),
+                   "by traffic (job, other, all) and job"),
         SignalSpec("link_tx_bytes_total", "bytes", _LABELS, "counter",
-                   "Bytes sent out of an interface since the probe began watching it, by traffic"),
+                   "Bytes sent out of an interface since the probe began watching it, by traffic and job"),
         SignalSpec("link_tx_packets_total", "1", _LABELS, "counter",
                    "Packets (GSO segments) sent out of an interface since the probe began watching it, "
-                   "by traffic"),
+                   "by traffic and job"),
         SignalSpec("qdisc_backlog_bytes", "bytes", _QDISC_LABELS, "gauge",
                    "Bytes queued in an interface's root qdisc"),
         SignalSpec("qdisc_drops_total", "1", _QDISC_LABELS, "counter",
@@ -407,10 +432,12 @@ class LinkTraffic(Probe):
 
     def __init__(self, selection: Selection | None = None, features=None, node: str = "",
                  level: str = TCX, max_level: int = 16, max_selected: int = 256,
-                 max_interfaces: int = 64) -> None:
+                 max_interfaces: int = 64, max_jobs: int = 32) -> None:
         """``level``: the best attach level to try (tcx, clsact or counters);
         ``max_level``: the deepest cgroup ancestor level the program tests;
-        ``max_selected``: cgroup ids; ``max_interfaces``: interfaces at once."""
+        ``max_selected``: cgroup ids; ``max_interfaces``: interfaces at once;
+        ``max_jobs``: job slots (at most ``max_selected``), which size the
+        per-CPU counts map (``max_interfaces`` x (``max_jobs`` + 1) keys)."""
         super().__init__(selection, features, node)
         if level not in LEVELS:
             raise ValueError(f"level {level!r} is not one of {', '.join(LEVELS)}")
@@ -418,6 +445,7 @@ class LinkTraffic(Probe):
         self.max_level = max_level
         self.max_selected = max_selected
         self.max_interfaces = max_interfaces
+        self.max_jobs = max(1, min(max_jobs, max_selected))
         self._planned = level           # what choose_attach_points found possible
         self._level = level             # what start() could load: the level of new interfaces
         self._with_cookie = False
@@ -428,11 +456,13 @@ class LinkTraffic(Probe):
         self._watches: dict[str, _Watch] = {}
         self._notes: list[str] = []     # probe-wide reasons
         self._missing: list[str] = []   # selected interfaces not found
+        self._reset_slots()
 
     # --- planning -------------------------------------------------------------------
     def cflags(self) -> list[str]:
         return [f"-DMAX_LEVEL={self.max_level}", f"-DMAX_SELECTED={self.max_selected}",
-                f"-DMAX_KEYS={2 * self.max_interfaces}", f"-DWITH_NETNS_COOKIE={int(self._with_cookie)}"]
+                f"-DMAX_KEYS={(self.max_jobs + 1) * self.max_interfaces}",
+                f"-DWITH_NETNS_COOKIE={int(self._with_cookie)}"]
 
     def _plan(self) -> tuple[str, list[str]]:
         level, notes = self.level, []
@@ -471,6 +501,7 @@ class LinkTraffic(Probe):
             return self.status
         self._notes = [status.reason] if status.reason else []
         self._level = self._planned
+        self._reset_slots()
         if self._level != COUNTERS:
             try:
                 from bcc import BPF
@@ -510,7 +541,8 @@ class LinkTraffic(Probe):
         old, self.selection = self.selection, selection
         if self._ipr is None:
             return
-        if selection.traffic_cgroup_ids != old.traffic_cgroup_ids:
+        jobs_changed = self._owners(selection) != self._owners(old)
+        if jobs_changed:
             self._sync_cgroups()
         if selection.netns != old.netns:
             for watch in list(self._watches.values()):
@@ -527,21 +559,79 @@ class LinkTraffic(Probe):
             for iface in set(self._watches) - set(selection.interfaces):
                 self._unwatch(self._watches[iface])
             self._watch_selected()
-        else:
+        elif not jobs_changed:
             return
         self.status = self._status()
 
     # --- selection in the kernel ------------------------------------------------------
+    @staticmethod
+    def _owners(selection: Selection) -> dict:
+        """Whose traffic gets a slot: the policy's explicit cgroups (owner
+        EXPLICIT, labelled with ``Selection.job``) when there are some, else
+        every discovered job with cgroups, by name; owner -> cgroup v2 ids."""
+        if selection.traffic_cgroup_ids:
+            return {EXPLICIT: tuple(dict.fromkeys(int(c) for c in selection.traffic_cgroup_ids))}
+        owners: dict = {}
+        for name, ids in selection.job_cgroups:
+            ids = tuple(dict.fromkeys(int(c) for c in ids if int(c) > 0))
+            if name and ids:
+                owners.setdefault(name, ids)
+        return owners
+
+    def _reset_slots(self) -> None:
+        self._slots: dict = {}                         # owner -> slot (1..max_jobs)
+        self._retiring: dict[int, object] = {}         # slot -> owner gone since the last collect
+        self._base: dict[tuple[int, int], tuple[int, int]] = {}   # (ifindex, slot) -> totals at assignment
+        self._unslotted: list[str] = []                # owners that got no slot
+
     def _sync_cgroups(self) -> None:
+        """Give each owner a slot and write sel_cgroup (cgroup id -> slot) to
+        match. Owners keep their slot while they last; one that is gone keeps
+        it until the next collect has read its counts (``_retiring``), and a slot
+        handed to a new owner gets a baseline of its running totals now, so the
+        new owner inherits nothing."""
         if self.bpf is None:
             return
+        wanted = self._owners(self.selection)
+        for owner, slot in list(self._slots.items()):
+            if owner not in wanted:
+                del self._slots[owner]
+                self._retiring[slot] = owner
+        comeback = {owner: slot for slot, owner in self._retiring.items() if owner in wanted}
+        fresh: list[int] = []
+        ids: dict[int, int] = {}
+        self._unslotted = []
+        # owners that had a slot first, so a newcomer never takes one that is held
+        order = sorted(wanted, key=lambda o: o not in self._slots and o not in comeback)
+        for owner in order:
+            new = [c for c in wanted[owner] if c not in ids]
+            slot = self._slots.get(owner) or comeback.get(owner)
+            if slot is None:
+                used = set(self._slots.values()) | set(self._retiring)
+                slot = next((s for s in range(1, self.max_jobs + 1) if s not in used), None)
+            if slot is None or len(ids) + len(new) > self.max_selected:
+                self._unslotted.append("the explicit cgroups" if owner is EXPLICIT else owner)
+                if self._slots.pop(owner, None) is not None or comeback.pop(owner, None) is not None:
+                    self._retiring[slot] = owner
+                continue
+            if owner in comeback:
+                del self._retiring[slot]
+            elif owner not in self._slots:
+                fresh.append(slot)
+            self._slots[owner] = slot
+            ids.update((c, slot) for c in new)
+        if fresh:
+            totals = self._kernel_totals()
+            for key in [k for k in self._base if k[1] in fresh]:
+                del self._base[key]
+            self._base.update((k, v) for k, v in totals.items() if k[1] in fresh)
         table, count = self.bpf[b"sel_cgroup"], self.bpf[b"sel_count"]
-        wanted = {int(c) for c in self.selection.traffic_cgroup_ids}
-        present = {k.value for k in table.keys()}
-        for cg in wanted - present:
-            table[table.Key(cg)] = table.Leaf(1)
-        count[count.Key(0)] = count.Leaf(len(wanted))
-        for cg in present - wanted:
+        present = {k.value: v.value for k, v in table.items()}
+        for cg, slot in ids.items():
+            if present.get(cg) != slot:
+                table[table.Key(cg)] = table.Leaf(slot)
+        count[count.Key(0)] = count.Leaf(len(ids))
+        for cg in set(present) - set(ids):
             del table[table.Key(cg)]
 
     # --- interfaces -------------------------------------------------------------------
@@ -599,6 +689,8 @@ class LinkTraffic(Probe):
             table = self.bpf[b"counts"]
             for key in [k for k in table.keys() if k.ifindex == watch.ifindex]:
                 del table[key]
+        for key in [k for k in self._base if k[0] == watch.ifindex]:
+            del self._base[key]
 
     # --- clsact -------------------------------------------------------------------------
     def _filters(self, ifindex: int, parent: int) -> list:
@@ -677,6 +769,10 @@ class LinkTraffic(Probe):
         if self._missing:
             notes.append(f"not found{where}: {', '.join(self._missing)}")
         degraded = bool(self._missing)
+        if self._unslotted:
+            notes.append(f"no job slot (max_jobs={self.max_jobs}, max_selected={self.max_selected} cgroup ids) "
+                         f"for {', '.join(self._unslotted)}: their traffic counts as other")
+            degraded = True
         for w in self._watches.values():
             notes.extend(f"{w.iface}: {n}" for n in w.notes)
             if w.speed is None:
@@ -710,31 +806,54 @@ class LinkTraffic(Probe):
             self.status = ProbeStatus(UNSUPPORTED, reason)
             return []
         kernel = self._kernel_totals()
-        split = bool(self.selection.traffic_cgroup_ids)
         out: list[tuple[str, dict, float]] = []
         for w in self._watches.values():
+            series: dict[tuple, tuple[dict, tuple[int, int]]] = {}   # (traffic, job) -> (labels, totals)
             if w.level == COUNTERS:
                 try:
                     tx = self._link_counters(w.ifindex)
                 except Exception:        # the interface is gone; its entry stays until deselected
                     continue
-                by_traffic = {"all": (tx[0] - w.base[0], tx[1] - w.base[1])}
+                series[("all", EXPLICIT)] = (self._labels(w, "all", EXPLICIT),
+                                             (tx[0] - w.base[0], tx[1] - w.base[1]))
             else:
-                job = kernel.get((w.ifindex, TRAFFIC_JOB), (0, 0))
-                other = kernel.get((w.ifindex, TRAFFIC_OTHER), (0, 0))
-                by_traffic = {"all": (job[0] + other[0], job[1] + other[1])}
-                if split:
-                    by_traffic.update(job=job, other=other)
-            for traffic, (nbytes, packets) in by_traffic.items():
-                labels = self.labels(iface=w.iface, netns=self.selection.netns, traffic=traffic)
+                mine = {slot: t for (index, slot), t in kernel.items() if index == w.ifindex}
+                every = (sum(b for b, _ in mine.values()), sum(p for _, p in mine.values()))
+                series[("all", EXPLICIT)] = (self._labels(w, "all", EXPLICIT), every)
+                for owner, slot in self._slots.items():
+                    got, base = mine.get(slot, (0, 0)), self._base.get((w.ifindex, slot), (0, 0))
+                    job = (got[0] - base[0], got[1] - base[1])
+                    series[("job", owner)] = (self._labels(w, "job", owner), job)
+                    series[("other", owner)] = (self._labels(w, "other", owner),
+                                                (every[0] - job[0], every[1] - job[1]))
+            for key, (labels, (nbytes, packets)) in series.items():
                 out.append(("link_tx_bytes_total", labels, float(nbytes)))
                 out.append(("link_tx_packets_total", labels, float(packets)))
-                if w.last and w.speed and now > w.last[0] and traffic in w.last[1]:
-                    bits = 8 * (nbytes - w.last[1][traffic])
+                if w.last and w.speed and now > w.last[0] and key in w.last[1]:
+                    bits = 8 * (nbytes - w.last[1][key])
                     out.append(("link_utilization_pct", labels, 100.0 * bits / (now - w.last[0]) / w.speed))
-            w.last = (now, {t: b for t, (b, _) in by_traffic.items()})
+            w.last = (now, {key: b for key, (_, (b, _)) in series.items()})
             out.extend(self._qdisc(w))
+        if self._retiring:
+            # the counts of the jobs that went away are read (they stay in "all" and the
+            # others' "other"): their slots are free for new jobs, from a new baseline
+            self._retiring.clear()
+            if self._unslotted:
+                self._sync_cgroups()
+                self.status = self._status()
         return out
+
+    def _labels(self, w: _Watch, traffic: str, owner) -> dict:
+        """``job`` is the discovered job's name; with an explicit cgroup (or no
+        split) the selection's ``job`` as today, and none on ``all`` beside
+        discovered jobs."""
+        if owner is EXPLICIT and (self.selection.traffic_cgroup_ids or not self._slots):
+            return self.labels(iface=w.iface, netns=self.selection.netns, traffic=traffic)
+        labels = {"node": self.node}
+        if owner is not EXPLICIT:
+            labels["job"] = str(owner)
+        labels.update(iface=w.iface, netns=self.selection.netns, traffic=traffic)
+        return labels
 
     def _qdisc(self, w: _Watch) -> list[tuple[str, dict, float]]:
         try:

@@ -10,6 +10,13 @@ the interface went away) is *silent* and may be retired by the controller.
 A series that lacks some ``by`` labels (e.g. a job-wide step time read by a
 rule grouped by training process) joins every target it does not contradict.
 
+A target never joins the series of two jobs: where the series of one target
+of a rule whose ``by`` does not name ``job`` carry two or more jobs (the jobs
+discovery found, ``reflexarc.core.jobs``), that target is split into one per
+job, the ``job`` label added to its labels; series without a job label (the
+node's own, such as a link's total) join every job's target. With one job on
+the node the targets are those the ``by`` gives.
+
 Example::
 
     rt = RuleTargets(bus, policy, rule)
@@ -34,7 +41,8 @@ from .signals import CATALOGUE
 class RuleTargets:
     def __init__(self, bus: SignalBus, policy: Policy, rule: Rule) -> None:
         self.bus = bus
-        self.by = tuple(rule.by)
+        self.by = tuple(rule.by) if "job" in rule.by else (*rule.by, "job")
+        self._implicit_job = "job" not in rule.by
         self.when = rule.conditions()
         self.conditions = self.when + conditions_of(rule.verify.when if rule.verify else None)
         self.index = {id(c): i for i, c in enumerate(self.conditions)}
@@ -49,7 +57,7 @@ class RuleTargets:
         return [Input(c, [], counter) for c, counter in zip(self.conditions, self._counter)]
 
     def labels(self, key: tuple) -> dict:
-        return dict(zip(self.by, key))
+        return {k: v for k, v in zip(self.by, key) if v is not None}
 
     def key_text(self, key: tuple) -> str:
         return target_key(self.labels(key))
@@ -67,12 +75,19 @@ class RuleTargets:
         by = self.by
         matching = [[s for s in self.bus.series(c.signal) if m(s.labels)]
                     for c, m in zip(self.conditions, self._matchers)]
-        if by:
-            keys = {tuple(s.labels[k] for k in by)
-                    for i in range(len(self.when)) for s in matching[i]
-                    if all(k in s.labels for k in by)}
-        else:
-            keys = {()}
+        named = by[:-1] if self._implicit_job else by        # the labels a key needs
+        keys = {tuple(s.labels.get(k) for k in by)
+                for i in range(len(self.when)) for s in matching[i]
+                if all(k in s.labels for k in named)}
+        if self._implicit_job:                               # split by job only where two jobs meet
+            jobs_of: dict[tuple, set] = {}
+            for key in keys:
+                jobs_of.setdefault(key[:-1], set()).add(key[-1])
+            keys = {base + (job,) for base, jobs in jobs_of.items() for job in jobs if job is not None}
+            keys = {key for key in keys if len(jobs_of[key[:-1]] - {None}) > 1} | {
+                base + (None,) for base, jobs in jobs_of.items() if len(jobs - {None}) <= 1}
+            if not named and not keys:
+                keys = {(None,)}
         groups = {key: self._inputs() for key in keys}
         for i, series in enumerate(matching):
             for s in series:
@@ -81,9 +96,9 @@ class RuleTargets:
                     inputs = groups.get(tuple(labels[k] for k in by))
                     if inputs is not None:
                         inputs[i].series.append(s)
-                    continue
+                        continue
                 for key, inputs in groups.items():
-                    if all(labels.get(k, v) == v for k, v in zip(by, key)):
+                    if all(labels.get(k, v) == v for k, v in zip(by, key) if v is not None):
                         inputs[i].series.append(s)
         self.groups = groups
 

@@ -190,3 +190,35 @@ def test_audit_rotates_and_reports_read_the_rotated_files(tmp_path):
     assert stamps == sorted(stamps) and stamps[-1] == 399.0
     kept = sum(len(p.read_text().splitlines()) for p in tmp_path.iterdir())
     assert len(stamps) == kept and stamps[0] == 400 - kept
+
+
+def test_a_target_never_joins_two_jobs():
+    """Two jobs on one node, each with a rank 0, read by a rule grouped by rank
+    only: one target per job, each holding only its job's series and the node's
+    own; the slow job alone acts. With one job, the targets are the rule's own."""
+    from reflexarc.controller.policy.model import Selector
+    pol = policy(mode="enforce", verify=False)
+    pol.selector = Selector()
+    state: dict = {}
+    clock, ctl = controller([pol], state)
+    for t in range(40):
+        clock.set(float(t))
+        ctl.bus.publish("step_time_ms", {"job": "fast", "rank": "0"}, 50.0, t)
+        ctl.bus.publish("step_time_ms", {"job": "slow", "rank": "0"}, 300.0, t)
+        ctl.bus.publish("step_time_ms", {"rank": "0"}, 60.0, t)         # no job: joins both
+        ctl.tick()
+    keys = {k[2] for k in ctl.runs}
+    assert keys == {"job=fast,rank=0", "job=slow,rank=0"}, keys
+    rt = next(iter(ctl.runs.values())).targets
+    for key, inputs in rt.groups.items():
+        jobs = {s.labels.get("job") for s in inputs[0].series}
+        assert jobs == {key[-1], None}, (key, jobs)
+    assert ctl.runs[("test-policy", "slow-steps", "job=slow,rank=0")].state != "ok"
+    assert ctl.runs[("test-policy", "slow-steps", "job=fast,rank=0")].state == "ok"
+    assert list(state) == ["job=slow,rank=0"], state
+
+    clock, ctl = controller([policy(mode="dry-run")], {})
+    clock.set(1.0)
+    ctl.bus.publish("step_time_ms", {"job": "j", "rank": "0"}, 50.0, 1.0)
+    ctl.tick()
+    assert {k[2] for k in ctl.runs} == {"rank=0"}

@@ -528,3 +528,187 @@ def test_a_deleted_namespace_is_let_go(pair):
     while pair.if_b in pair.run("b", "ip", "link", "show").stdout:
         assert time.monotonic() < deadline, "the deleted namespace is still alive"
         time.sleep(0.05)
+
+
+# --- per job: jobs found by discovery (Selection.job_cgroups), no policy cgroup ---------
+
+A_BYTES, B_BYTES, STRAY_BYTES = 9 << 20, 6 << 20, 4 << 20
+
+
+@pytest.fixture
+def cgroups():
+    """make(name) -> a fresh cgroup v2 directory of this run; removed afterwards."""
+    root = cgroup2_root()
+    require(root is not None, "a mounted cgroup2 hierarchy")
+    made: list[Path] = []
+
+    def make(name: str) -> Path:
+        path = root / f"rx{TAG}{name}"
+        path.mkdir()
+        made.append(path)
+        return path
+
+    yield make
+    for path in reversed(made):
+        path.rmdir()
+
+
+def push_many(pair, server, flows: dict[str, tuple[int, Path | None]]) -> dict[str, tuple[int, int]]:
+    """One TCP sender per flow (bytes, cgroup or None), all at once; what each
+    socket sent by the kernel's count."""
+    senders = {name: sender(pair, nbytes, cgroup) for name, (nbytes, cgroup) in flows.items()}
+    received = sorted(int(server.stdout.readline()) for _ in senders)
+    assert received == sorted(nbytes for nbytes, _ in flows.values())
+    return {name: finish(proc) for name, proc in senders.items()}
+
+
+def by_series(samples, name: str) -> dict[tuple[str, str | None], float]:
+    """(traffic, job or None) -> value of the link signal ``name``."""
+    return {(labels["traffic"], labels.get("job")): v for n, labels, v in samples if n == name}
+
+
+def slots(probe: LinkTraffic) -> dict[int, int]:
+    """cgroup id -> job slot, as the program's map holds them."""
+    return {k.value: v.value for k, v in probe.bpf[b"sel_cgroup"].items()}
+
+
+def within(delta: float, sent: list[tuple[int, int]], slack: int = 0) -> bool:
+    """What the sockets sent (retransmits included) <= delta <= that plus at most
+    one header per segment (+ ``slack`` for a stray ARP/ND)."""
+    payload = sum(p for p, _ in sent)
+    return payload <= delta <= payload + HEADERS * sum(s for _, s in sent) + slack
+
+
+def test_two_discovered_jobs_each_get_job_and_other(pair, cgroups, server):
+    require(tcx_supported(), "tcx (BPF_TCX_EGRESS, Linux >= 6.6)")
+    a, b = cgroups("a"), cgroups("b")
+    a_worker = a / "worker"                              # a's sender one level down: the ancestor walk
+    a_worker.mkdir()
+    speed = 2_000_000_000
+    ids = {"a": a.stat().st_ino, "b": b.stat().st_ino}
+    probe = LinkTraffic(Selection(interfaces=(pair.if_a,), netns=pair.ns_a, job="fallback",
+                                  job_cgroups=(("a", (ids["a"],)), ("b", (ids["b"],))),
+                                  link_speeds=((pair.if_a, speed),)), node="n1")
+    try:
+        assert probe.start().state == OK, probe.status
+        assert slots(probe) == {ids["a"]: 1, ids["b"]: 2}
+        t0 = time.time()
+        first = probe.collect(t0)
+        base_tx = tx_bytes(pair)
+        # b's sender sits in b itself (its own id matches); the stray one in no job's cgroup
+        sent = push_many(pair, server, {"a": (A_BYTES, a_worker), "b": (B_BYTES, b), "stray": (STRAY_BYTES, None)})
+        t1 = time.time()
+        second = probe.collect(t1)
+        moved_tx = tx_bytes(pair) - base_tx
+    finally:
+        probe.stop()
+        a_worker.rmdir()
+    check_labels(probe, first + second)
+    shape = {("all", None), ("job", "a"), ("other", "a"), ("job", "b"), ("other", "b")}
+    for samples in (first, second):
+        assert set(by_series(samples, "link_tx_bytes_total")) == shape
+        assert set(by_series(samples, "link_tx_packets_total")) == shape
+    assert all(l["node"] == "n1" and l["iface"] == pair.if_a and l["netns"] == pair.ns_a
+               for n, l, _ in second if n.startswith("link_"))
+    # "all" carries no job (not even the selection's fallback label)
+    assert not [l for n, l, _ in second if n.startswith("link_") and l.get("job") == "fallback"]
+
+    before, after = by_series(first, "link_tx_bytes_total"), by_series(second, "link_tx_bytes_total")
+    delta = {k: after[k] - before[k] for k in shape}
+    assert within(delta[("job", "a")], [sent["a"]]), (delta, sent)
+    assert within(delta[("job", "b")], [sent["b"]]), (delta, sent)
+    assert within(delta[("other", "a")], [sent["b"], sent["stray"]], slack=1024), (delta, sent)
+    assert within(delta[("other", "b")], [sent["a"], sent["stray"]], slack=1024), (delta, sent)
+    assert within(delta[("all", None)], list(sent.values()), slack=1024), (delta, sent)
+    assert abs(delta[("all", None)] - moved_tx) <= 1024, (delta, moved_tx)     # a stray ARP/ND at most
+    for job in ("a", "b"):
+        assert after[("job", job)] + after[("other", job)] == after[("all", None)]
+    util = by_series(second, "link_utilization_pct")
+    assert by_series(first, "link_utilization_pct") == {}                        # no interval yet
+    assert set(util) == shape
+    for key in shape:
+        assert util[key] == pytest.approx(800 * delta[key] / (t1 - t0) / speed, rel=1e-9)
+    packets = by_series(second, "link_tx_packets_total")
+    for job in ("a", "b"):
+        assert packets[("job", job)] + packets[("other", job)] == packets[("all", None)]
+    assert packets[("job", "a")] >= A_BYTES / 65536 and packets[("job", "b")] >= B_BYTES / 65536
+
+
+def test_jobs_come_and_go_by_map_updates_and_a_reused_slot_starts_from_zero(pair, cgroups, server):
+    require(tcx_supported(), "tcx (BPF_TCX_EGRESS, Linux >= 6.6)")
+    a, b, c, d = (cgroups(name) for name in "abcd")
+    ids = {name: path.stat().st_ino for name, path in zip("abcd", (a, b, c, d))}
+
+    def selection(*jobs: str) -> Selection:
+        return Selection(interfaces=(pair.if_a,), netns=pair.ns_a, job_cgroups=tuple((j, (ids[j],)) for j in jobs))
+
+    probe = LinkTraffic(selection("a", "b"))
+    try:
+        assert probe.start().state == OK, probe.status
+        bpf, hook = probe.bpf, Netns(pair.ns_a).run(tcx_query, ifindex(pair))
+        probe.collect(time.time())
+        sent = push_many(pair, server, {"a": (A_BYTES, a), "b": (B_BYTES, b)})
+        one = by_series(probe.collect(time.time()), "link_tx_bytes_total")
+        assert within(one[("job", "b")], [sent["b"]]) and within(one[("job", "a")], [sent["a"]])
+
+        # b leaves and c arrives in one refresh: c gets a fresh slot (b's is read once more first)
+        probe.update_selection(selection("a", "c"))
+        assert slots(probe) == {ids["a"]: 1, ids["c"]: 3}
+        two = probe.collect(time.time())
+        bytes_two = by_series(two, "link_tx_bytes_total")
+        assert set(bytes_two) == {("all", None), ("job", "a"), ("other", "a"), ("job", "c"), ("other", "c")}
+        assert bytes_two[("job", "c")] == 0 and bytes_two[("job", "a")] == one[("job", "a")]
+        assert bytes_two[("other", "c")] == bytes_two[("all", None)] >= one[("all", None)]
+        util = by_series(two, "link_utilization_pct")
+        assert ("job", "c") not in util                  # c's first sample: no interval yet
+
+        # d arrives after that collect: it takes b's freed slot, whose running totals
+        # in the kernel still hold b's bytes, and starts from zero
+        probe.update_selection(selection("a", "c", "d"))
+        assert slots(probe) == {ids["a"]: 1, ids["c"]: 3, ids["d"]: 2}
+        three = by_series(probe.collect(time.time()), "link_tx_bytes_total")
+        assert three[("job", "d")] == 0 and three[("other", "d")] == three[("all", None)]
+        sent = push_many(pair, server, {"c": (A_BYTES, c), "d": (B_BYTES, d)})
+        four = by_series(probe.collect(time.time()), "link_tx_bytes_total")
+        assert within(four[("job", "d")], [sent["d"]]), (four, sent)
+        assert within(four[("job", "c")], [sent["c"]]), (four, sent)
+        assert four[("job", "a")] == one[("job", "a")]
+        assert within(four[("other", "a")] - three[("other", "a")], [sent["c"], sent["d"]], slack=1024)
+        assert within(four[("other", "d")] - three[("other", "d")], [sent["c"]], slack=1024)
+
+        # none of it re-attached or recompiled: the same program and link on the hook
+        assert Netns(pair.ns_a).run(tcx_query, ifindex(pair)) == hook and probe.bpf is bpf
+        # no job left: only "all", the map empty
+        probe.update_selection(selection())
+        assert slots(probe) == {} and probe.bpf[b"sel_count"][0].value == 0
+        assert set(by_series(probe.collect(time.time()), "link_tx_bytes_total")) == {("all", None)}
+        assert Netns(pair.ns_a).run(tcx_query, ifindex(pair)) == hook
+    finally:
+        probe.stop()
+
+
+def test_an_explicit_cgroup_wins_over_discovered_jobs_and_slots_are_bounded(pair, cgroups):
+    a, b, c = cgroups("a"), cgroups("b"), cgroups("c")
+    ids = {name: path.stat().st_ino for name, path in zip("abc", (a, b, c))}
+    jobs = (("a", (ids["a"],)), ("b", (ids["b"],)), ("c", (ids["c"],)))
+    probe = LinkTraffic(Selection(interfaces=(pair.if_a,), netns=pair.ns_a, job="llama",
+                                  traffic_cgroup_ids=(ids["c"],), job_cgroups=jobs), max_jobs=2)
+    try:
+        assert probe.start().state == OK
+        assert slots(probe) == {ids["c"]: 1}
+        samples = probe.collect(time.time())
+        assert set(by_series(samples, "link_tx_bytes_total")) == {("all", "llama"), ("job", "llama"),
+                                                                  ("other", "llama")}
+        # the policy's cgroup goes: the discovered jobs take over, as many as there are slots
+        probe.update_selection(Selection(interfaces=(pair.if_a,), netns=pair.ns_a, job="llama", job_cgroups=jobs))
+        assert slots(probe) == {ids["a"]: 2}             # slot 1 is read once more before it is reused
+        assert probe.status.state == DEGRADED and "no job slot" in probe.status.reason, probe.status
+        assert "b" in probe.status.reason and "c" in probe.status.reason
+        probe.collect(time.time())                       # frees slot 1: b gets it
+        assert slots(probe) == {ids["a"]: 2, ids["b"]: 1}
+        assert "c" in probe.status.reason and ": b" not in probe.status.reason, probe.status
+        probe.update_selection(Selection(interfaces=(pair.if_a,), netns=pair.ns_a, job_cgroups=jobs[1:]))
+        probe.collect(time.time())
+        assert slots(probe) == {ids["b"]: 1, ids["c"]: 2} and probe.status.state == OK, probe.status
+    finally:
+        probe.stop()

@@ -208,9 +208,10 @@ def build() -> dict:
         (f"sum by (dev) (rate(reflexarc_block_requests_total{{{NODE}}}[{RATE}]))", "{{dev}}"),
         (f"reflexarc_block_small_io_ratio{{{NODE}}}", "{{dev}} small share")], unit="short"))
     g.add(series("Link utilisation", [
-        (f"reflexarc_link_utilization_ratio{{{NODE}}}", "{{iface}} {{traffic}}")], unit="percentunit"))
-    g.add(series("Link egress", [
-        (f"sum by (iface, traffic) (rate(reflexarc_link_tx_bytes_total{{{NODE}}}[{RATE}]))", "{{iface}} {{traffic}}")],
+        (f"reflexarc_link_utilization_ratio{{{NODE}}}", "{{iface}} {{job}} {{traffic}}")], unit="percentunit"))
+    g.add(series("Link egress", [     # per job: each job's "other" holds the other jobs' traffic too
+        (f"sum by (iface, job, traffic) (rate(reflexarc_link_tx_bytes_total{{{NODE}}}[{RATE}]))",
+         "{{iface}} {{job}} {{traffic}}")],
         unit="Bps"))
     g.add(series("Qdisc", [
         (f"reflexarc_qdisc_backlog_bytes{{{NODE}}}", "{{iface}} backlog"),
