@@ -1,6 +1,7 @@
 # reflexarc: two commands do everything on a fresh Debian 12 machine as root.
-#   make demo   a real remediation on the testbed: a two-rank PyTorch job, a bulk
-#               upload congesting its link, the controller demoting it (fault a)
+#   make demo   a real remediation on the testbed: an unmodified two-rank PyTorch job
+#               launched as torchrun would, a bulk upload congesting its link, the
+#               controller finding the job and demoting the upload (fault a)
 #   make test   passes the tests (unit, simulations, real kernel, testbed)
 #   make demo-sim  the simulated scenario (no kernel needed)
 #   make bench  the benchmarks side by side (~2 h): rule engine, DataLoader churn, probe
@@ -22,7 +23,7 @@ test: setup
 	$(PY) -m pytest -q -p no:cacheprovider
 
 demo: setup
-	$(PY) -m reflexarc.simulations.testbed loop --faults a --out out/demo --results out/demo/closed_loop.json
+	$(PY) -m reflexarc.simulations.testbed loop --faults a --no-hooks --out out/demo --results out/demo/closed_loop.json
 
 demo-sim: setup
 	$(RX) simulate $(DEMO_SCENARIO) --mode $(DEMO_MODE) --out out/demo-sim

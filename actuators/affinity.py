@@ -34,6 +34,19 @@ workers each epoch, new threads in a worker), records their originals in the
 returned change and drops the ones that exited. A change by trainer may start
 with no worker running (between epochs): it pins the next epoch's.
 
+Where to pin: exactly one of ``node``, ``cpus``, ``device`` (a PCI address) or
+``locality: true`` (``specs.ALTERNATIVE_PARAMS``). Locality chooses the node at
+plan time: the NUMA node of a device the job reads from or sends on, when one
+is known and sysfs gives its node (the target's ``iface`` label, its ``dev``
+label as an RDMA or block device, then the selector's ``interfaces``: each
+``<sys_root>/class/<net|infiniband|block>/<name>/device`` and up to the first
+``numa_node``); else the node holding most of the training process's memory
+(the target's ``trainer``, else the selector's ``pids``), from
+``<proc_root>/<pid>/numa_maps``: per mapping, ``N<node>=<pages>`` times its
+``kernelpagesize_kB``, summed per node. The plan's summary (what dry-run
+shows) names the node and why, e.g. ``(node 1, holding 75% of the memory of
+training process 4242 (numa_maps: node 0 1.0 GiB, node 1 3.0 GiB))``.
+
 Example::
 
     act = AffinityActuator(proc_root="/proc", sys_root="/sys")
@@ -42,16 +55,23 @@ Example::
     act.revert(change)
     by_trainer = act.plan(Target({"trainer": "4242"}), {"node": 0})
     act.refresh(by_trainer)     # after apply, every tick: pins new workers of 4242
+    act.plan(Target({"trainer": "4242"}), {"locality": True}).summary
+    # "... to CPUs 0-15 (node 0, holding 97% of the memory of training process 4242 (numa_maps: ...))..."
 
 Overhead: per thread one ``stat`` read and one ``sched_setaffinity`` call (~2-3 µs);
 a scan reads ``stat`` and ``comm`` of every process on the node once; a target by
-trainer adds one ``stat`` read of the training process per refresh.
+trainer adds one ``stat`` read of the training process per refresh. Locality
+reads a few sysfs files and, without a known device, the training process's
+``numa_maps`` once per plan: the kernel walks the process's page tables for it
+(milliseconds for a process of tens of GiB, under its mmap read lock).
 """
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import re
+from pathlib import Path
 
 from reflexarc.core.cpus import format_cpulist
 from reflexarc.core.procfs import ProcFS
@@ -59,13 +79,39 @@ from reflexarc.core.targets import ProcessGuard, Refusal, Refused, pid_label
 from reflexarc.core.topology import Topology, TopologyError
 
 from .base import Actuator, Change, PermanentActuatorError, Target, TargetRefused, TemporaryActuatorError
-from .specs import SPECS
+from .specs import ALTERNATIVE_PARAMS, SPECS
 
 log = logging.getLogger("reflexarc.actuators.affinity")
 
 DEFAULT_COMMS = ("pt_data_worker",)
 RETRYABLE = (errno.EAGAIN, errno.EBUSY, errno.EINTR)
 COMMAND_CHARS = 60   # of a training process's command line in a summary
+NUMA_PAGES = re.compile(r"\bN(\d+)=(\d+)\b")
+PAGE_KB = re.compile(r"\bkernelpagesize_kB=(\d+)\b")
+GIB = 1 << 30
+
+
+def numa_memory(path: Path) -> dict[int, int]:
+    """Bytes of a process's memory on each NUMA node, from its ``numa_maps``:
+    each mapping's ``N<node>=<pages>`` times its ``kernelpagesize_kB`` (4 when
+    absent). OSError when it cannot be read."""
+    out: dict[int, int] = {}
+    with open(path) as maps:
+        for line in maps:
+            size = PAGE_KB.search(line)
+            page = int(size.group(1)) * 1024 if size else 4096
+            for node, pages in NUMA_PAGES.findall(line):
+                out[int(node)] = out.get(int(node), 0) + int(pages) * page
+    return out
+
+
+def _gib(size: int) -> str:
+    return f"{size / GIB:.1f} GiB"
+
+
+def _sysfs_name(name: str) -> bool:
+    """A device name that names one entry of a sysfs class directory."""
+    return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name
 
 
 def _common_mask(processes: list[dict]) -> list[int] | None:
@@ -216,12 +262,78 @@ class AffinityActuator(Actuator):
 
     # -- the desired mask ----------------------------------------------------------
 
-    def target_cpus(self, params: dict) -> tuple[list[int], str]:
-        """The CPUs ``params`` ask for and where they come from, e.g. ``([1], "node 1")``."""
+    def _device_node(self, cls: str, name: str) -> int | None:
+        """The NUMA node sysfs gives device ``name`` of class ``cls`` (the first
+        ``numa_node`` from its ``device`` up), None when it gives none."""
+        link = self.topology.sys_root / "class" / cls / name / "device"
+        if not (_sysfs_name(name) and link.exists()):
+            return None
+        root, device = self.topology.sys_root.resolve(), link.resolve()
+        for directory in (device, *device.parents):
+            if directory == root or root not in directory.parents:
+                break
+            try:
+                node = int((directory / "numa_node").read_text().strip())
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError):
+                break
+            return node if node >= 0 else None
+        return None
+
+    @staticmethod
+    def _job_devices(target: Target) -> list[tuple[str, str, str]]:
+        """``(sysfs class, name, words)`` of the devices the job is known to use, in order."""
+        labels, sel = target.labels, target.selector
+        out = []
+        iface, dev = str(labels.get("iface") or ""), str(labels.get("dev") or "")
+        if iface:
+            out.append(("net", iface, f"network interface {iface}, which the job sends on"))
+        if dev:
+            out.append(("infiniband", dev, f"RDMA device {dev}, which the job sends on"))
+            out.append(("block", dev, f"block device {dev}, which the job reads from"))
+        out += [("net", str(i), f"network interface {i}, which the job sends on") for i in sel.get("interfaces") or ()]
+        return out
+
+    def local_node(self, target: Target) -> tuple[int, str]:
+        """The node ``locality`` chooses for ``target`` and why (see the module's docstring)."""
+        for cls, name, words in self._job_devices(target):
+            node = self._device_node(cls, name)
+            if node is not None:
+                return node, f"node {node}, that of {words}"
+        scope = self._scope(target)
+        pids = scope["pids"]
+        if not pids:
+            raise PermanentActuatorError("locality: no device of the job has a NUMA node in sysfs, and no "
+                                         "training process (a trainer label or the selector's pids) to read "
+                                         "numa_maps of")
+        memory: dict[int, int] = {}
+        for pid in pids:
+            path = Path(self.procfs.root) / str(pid) / "numa_maps"
+            try:
+                for node, size in numa_memory(path).items():
+                    memory[node] = memory.get(node, 0) + size
+            except OSError as exc:
+                raise PermanentActuatorError(f"locality: cannot read {path}: {exc.strerror}") from None
+        if not memory:
+            raise PermanentActuatorError(f"locality: numa_maps of {', '.join(map(str, pids))} shows no memory "
+                                         "on any node")
+        node = max(sorted(memory), key=memory.__getitem__)
+        whose = "training process" if scope["trainer"] is not None else "process" + ("es" if len(pids) > 1 else "")
+        share = round(100 * memory[node] / sum(memory.values()))
+        split = ", ".join(f"node {n} {_gib(size)}" for n, size in sorted(memory.items()))
+        return node, (f"node {node}, holding {share}% of the memory of {whose} {', '.join(map(str, pids))} "
+                      f"(numa_maps: {split})")
+
+    def target_cpus(self, params: dict, target: Target | None = None) -> tuple[list[int], str]:
+        """The CPUs ``params`` ask for and where they come from, e.g. ``([1], "node 1")``;
+        ``locality`` needs the ``target`` it is chosen for."""
         params = self.checked(params, partial=True)
-        given = [k for k in ("node", "cpus", "device") if params.get(k) not in (None, "", [])]
+        choices = ALTERNATIVE_PARAMS[self.spec.name]
+        given = [k for k in choices if params.get(k) is not None and params[k] is not False
+                 and params[k] not in ("", [])]
         if len(given) != 1:
-            raise PermanentActuatorError("affinity needs exactly one of 'node', 'cpus', 'device' "
+            raise PermanentActuatorError(f"affinity needs exactly one of {', '.join(map(repr, choices))} "
                                          f"(got {', '.join(given) or 'none'})")
         try:
             if given == ["cpus"]:
@@ -229,12 +341,17 @@ class AffinityActuator(Actuator):
             elif given == ["node"]:
                 node = params["node"]
                 cpus, where = self.topology.node_cpus(node), f"node {node}"
-            else:
+            elif given == ["device"]:
                 node = self.topology.device_node(str(params["device"]))
                 if node is None:
                     raise PermanentActuatorError(f"PCI device {params['device']} reports numa_node -1: "
                                                  "the platform gives no NUMA affinity for it")
                 cpus, where = self.topology.node_cpus(node), f"node {node} of {params['device']}"
+            else:
+                if target is None:
+                    raise PermanentActuatorError("locality is chosen for a target: plan the change")
+                node, where = self.local_node(target)
+                cpus = self.topology.node_cpus(node)
         except TopologyError as exc:
             raise PermanentActuatorError(str(exc)) from None
         online = self.topology.online_cpus()
@@ -249,9 +366,9 @@ class AffinityActuator(Actuator):
     def plan(self, target: Target, params: dict) -> Change:
         """A target by trainer is planned even while none of its workers runs
         (between epochs): ``refresh`` pins them as they start."""
-        cpus, where = self.target_cpus(params)
         scope = self._scope(target)
         self._refuse(scope)
+        cpus, where = self.target_cpus(params, target)
         trainer = self._trainer(scope) if scope["trainer"] is not None else None
         before = self.read_current(target)
         if not before["processes"] and trainer is None:

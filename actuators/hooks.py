@@ -80,10 +80,14 @@ from reflexarc.core.signals import STEP_PRE_COLLECTIVE, SignalSpec
 DEFAULT_HOOK_DIR = "/run/reflexarc/hooks"
 STALLED_STEP_MS = 1000.0     # a step running this long (and twice the last) reports its time so far
 # The step signals a script may report; the controller's signal catalogue takes them from here.
+# step_time_ms and dataloader_batch_wait_ms are also read from unmodified jobs by
+# the batch_wait probe (bpf/batch_wait.py), which declares them the same (the
+# catalogue insists): its samples carry the training process as pid and trainer.
 SIGNALS = (
-    SignalSpec("step_time_ms", "ms", ("node", "job", "rank"), "gauge", "Training step time"),
-    SignalSpec("dataloader_batch_wait_ms", "ms", ("node", "job", "rank"), "gauge",
-               "Time the training loop waited for the next batch (framework hook)"),
+    SignalSpec("step_time_ms", "ms", ("node", "job", "rank", "pod", "pid", "trainer"), "gauge",
+               "Training step time"),
+    SignalSpec("dataloader_batch_wait_ms", "ms", ("node", "job", "rank", "pod", "pid", "trainer"), "gauge",
+               "Time the training loop waited for the next batch"),
     SignalSpec("mfu_pct", "%", ("node", "job", "rank"), "gauge", "Model FLOPs utilisation"),
     STEP_PRE_COLLECTIVE,
 )
@@ -170,12 +174,23 @@ class Hooks:
     # -- life cycle ------------------------------------------------------------------
 
     @classmethod
-    def start(cls, job: str, rank: int = 0, *, hook_dir: str | None = None, group: str | int | None = None,
-              allowed_uids: Iterable[int] = ()) -> "Hooks":
-        """Create the socket and start serving it. ``group`` (name or gid) makes the
+    def start(cls, job: str | None = None, rank: int | None = None, *, hook_dir: str | None = None,
+              group: str | int | None = None, allowed_uids: Iterable[int] = ()) -> "Hooks":
+        """Create the socket and start serving it. ``job`` and ``rank`` default to
+        what the launcher put in this process's environment (torchrun, Slurm, Open
+        MPI, ...: ``reflexarc.core.launchers``), the names the controller finds the
+        job by. ``group`` (name or gid) makes the
         socket 0660 and owned by that group; the SO_PEERCRED check still applies.
         Raises HookDirError when a script that is not root has no job directory."""
-        hooks = cls(job, rank, hook_dir, group, allowed_uids)
+        if job is None or rank is None:
+            from reflexarc.core.launchers import from_environ, recognised   # only when the launcher names it
+            launch = from_environ(recognised(b"\0".join(b"%s=%s" % kv for kv in os.environb.items())))
+            if job is None and launch is None:
+                raise ValueError("no job given and none in the environment (no launcher set one): "
+                                 "pass job=NAME")
+            job = launch.job if job is None else job
+            rank = (launch.rank if launch is not None else None) if rank is None else rank
+        hooks = cls(job, rank or 0, hook_dir, group, allowed_uids)
         hooks._listen()
         return hooks
 

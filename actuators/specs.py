@@ -8,11 +8,14 @@ Some values need a check finer than their parameter type (a tc class id, IP
 prefixes, a network namespace): ``VALUE_CHECKS`` names the function that turns
 such a value into its canonical form, for the loader and the actuator alike.
 A parameter that was replaced is listed in ``REPLACED_PARAMS``, so a policy
-still naming it is told what to write instead.
+still naming it is told what to write instead. Parameters that are
+alternatives to each other (exactly one of them is given) are listed in
+``ALTERNATIVE_PARAMS``.
 
 Example::
 
     SPECS["affinity"].param("node")   # ParamSpec(name="node", type="int", ...)
+    ALTERNATIVE_PARAMS["affinity"]    # ("node", "cpus", "device", "locality"): give exactly one
     tc_class("1:0A")                  # "1:a", as tc prints it
     class_priority("1:30")            # 0x10030, the skb->priority HTB maps to class 1:30
     netns_ref("/proc/4242/ns/net")    # "/proc/4242/ns/net"
@@ -90,6 +93,10 @@ SPECS: dict[str, ActuatorSpec] = {s.name: s for s in (
         P("node", "int", help="NUMA node whose CPUs to use"),
         P("cpus", "int_list", help="explicit CPU list instead of a node"),
         P("device", "str", help="PCI address (GPU/NIC) whose numa_node to use"),
+        P("locality", "bool", help="true: the NUMA node of the device the job reads from or sends on when "
+                                   "sysfs knows it (the target's iface or dev label, else the selector's "
+                                   "interfaces), else the node holding most of the training process's "
+                                   "memory (/proc/PID/numa_maps); the plan says which and why"),
         P("reserved_cpus", "int_list", default=None, help="CPUs to leave free"),
     )),
     ActuatorSpec("dscp", "Retag matching egress flows with a DSCP value through a tc-BPF classifier.", (
@@ -132,6 +139,11 @@ VALUE_CHECKS: dict[tuple[str, str], Callable] = {
 }
 """(actuator, parameter) -> the check a value of that type passes next: the
 canonical value, or ValueError saying what would fit."""
+
+ALTERNATIVE_PARAMS: dict[str, tuple[str, ...]] = {
+    "affinity": ("node", "cpus", "device", "locality"),
+}
+"""Actuator -> parameters of which a policy gives exactly one."""
 
 REPLACED_PARAMS: dict[tuple[str, str], str] = {
     ("dscp", "priority"): "use 'class', the class of the host's qdisc as tc prints it, e.g. class: \"1:30\" "

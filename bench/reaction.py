@@ -129,8 +129,7 @@ class Bench:
         self.interval = interval
 
     def controller(self, mode: str, name: str) -> ControllerProcess:
-        return ControllerProcess(self.policy_dir, self.out_dir / name, self.tb.hook_dir, job=self.job.name,
-                                 mode=mode, metrics_addr=self.exporter, alertmanager_url=self.am_url,
+        return ControllerProcess(self.policy_dir, self.out_dir / name, self.tb.hook_dir, mode=mode, metrics_addr=self.exporter, alertmanager_url=self.am_url,
                                  interval=self.interval)
 
     def export(self) -> None:

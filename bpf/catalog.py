@@ -37,6 +37,8 @@ ENTRIES: tuple[ProbeEntry, ...] = (
     ProbeEntry("gpu_submit", "gpu_submit", "GpuSubmit", LIGHT),
     ProbeEntry("net_tcp", "net_tcp", "NetTcp", LIGHT),
     ProbeEntry("link_traffic", "link_traffic", "LinkTraffic", LIGHT),
+    ProbeEntry("batch_wait", "batch_wait", "BatchWait", LIGHT),
+    ProbeEntry("rdma_counters", "rdma_counters", "RdmaCounters", LIGHT),
     ProbeEntry("rdma_qp", "rdma_qp", "RdmaQp", DEEP),
 )
 _BY_NAME = {e.name: e for e in ENTRIES}

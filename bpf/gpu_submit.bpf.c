@@ -9,9 +9,10 @@
  * each process's last timestamp across intervals (LRU, so exited pids age out).
  *
  * Selection (map updates, no recompile): sel_mode[0] == 0 watches every process;
- * otherwise a task is selected when its tgid is in sel_pid, its thread name in
- * sel_comm (tested per event: SEL_COMM_PER_EVENT) or its cgroup id in
- * sel_cgroup; the maps and selected() are in reflexarc_common.h.
+ * otherwise a task is selected when its tgid is in sel_pid (the node's training
+ * processes and explicitly named pids) or its cgroup id in sel_cgroup; thread
+ * names are not used (they name DataLoader workers, which do not submit). The
+ * maps and selected() are in reflexarc_common.h.
  *
  * Histogram slots are log-linear (hist_slot in reflexarc_common.h), HIST_SLOTS
  * in all.
@@ -21,7 +22,6 @@
 #include <uapi/linux/ptrace.h>
 
 #define WITH_SELECTION
-#define SEL_COMM_PER_EVENT
 #include "reflexarc_common.h"
 
 BPF_HASH(submits, u32, u64, MAX_PIDS);

@@ -7,28 +7,36 @@ between consecutive submissions of each process. A GPU starved by its input
 pipeline shows a falling rate and a widening gap long before utilisation
 counters (sampled every second or so) move.
 
-Signals: ``gpu_submit_rate_hz{pid}`` and ``gpu_submit_gap_us{pid,quantile}``.
-An empty task selection watches every process (only GPU clients issue 'F'
-ioctls); otherwise a task is selected by tgid, thread name or cgroup id, and
-``update_selection`` rewrites the selection maps without recompiling.
+Signals: ``gpu_submit_rate_hz{pid}`` and ``gpu_submit_gap_us{pid,quantile}``;
+the probe manager adds the job, rank and pod of each pid.
+
+Whose submissions: the node's training processes (``Selection.trainers``, which
+the probe manager fills from job discovery at every refresh), plus any pids or
+cgroup ids a policy selector names explicitly. The selection's thread names are
+not used: they name DataLoader workers, which feed the GPU but do not submit
+to it. ``update_selection`` rewrites the selection maps without recompiling;
+an empty selection (no training process found, nothing named) watches every
+process (only GPU clients issue 'F' ioctls).
 
 Example::
 
-    probe = GpuSubmit(Selection(comms=("python",)))
+    probe = GpuSubmit(Selection(trainers=(4242,)))
     probe.start()
     probe.collect(now=time.time())          # opens the first interval
     ...
     for name, labels, value in probe.collect(now=time.time()):
         ...
+    probe.update_selection(Selection(trainers=(4242, 4300)))   # a second job started
 
 On a node without an NVIDIA GPU (no ``/dev/nvidia<N>``) there is nothing to
 observe, and the probe attaches nothing: status unsupported, with the reason
 (a syscall tracepoint is not free, see below).
 
 Overhead: one tracepoint hit per ioctl on the node (~10 ns of BPF and a type
-test); selected 'F' ioctls add three hash operations. Any syscall tracepoint
-also sends every syscall through the kernel's traced entry path (a small fixed
-cost per syscall, shared with the other syscall probes).
+test); an 'F' ioctl adds the selection look-up (a pid hash, plus a cgroup id
+hash when cgroups are named), a selected one three hash operations more. Any
+syscall tracepoint also sends every syscall through the kernel's traced entry
+path (a small fixed cost per syscall, shared with the other syscall probes).
 Collect: two batched map reads.
 """
 from __future__ import annotations
@@ -42,6 +50,13 @@ from .probe import OK, UNSUPPORTED, Probe, ProbeStatus, Selection
 
 NVIDIA_IOCTL_TYPE = 0x46  # 'F'
 MAX_SELECTED = 1024
+
+
+def submitters(selection: Selection) -> Selection:
+    """The part of ``selection`` whose GPU submissions count: the training
+    processes and the explicitly named pids, by tgid, and the named cgroups."""
+    return Selection(pids=tuple(sorted({*selection.trainers, *selection.pids})),
+                     cgroup_ids=selection.cgroup_ids)
 
 
 class GpuSubmit(Probe):
@@ -88,7 +103,7 @@ class GpuSubmit(Probe):
     def update_selection(self, selection: Selection) -> None:
         self.selection = selection
         if self.bpf is not None:
-            sync_selection(self.bpf, selection)
+            sync_selection(self.bpf, submitters(selection))
 
     def collect(self, now: float) -> list[tuple[str, dict, float]]:
         if self.bpf is None:

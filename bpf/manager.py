@@ -90,6 +90,8 @@ class ProbeManager:
         self.node = node
         self.procfs = ProcFS(proc_root)
         self.discovery = Discovery(proc_root, fallback=selection.job)
+        self.jobs: list = []                     # the jobs found at the last refresh (core.jobs.Job)
+        self.skipped: dict[str, int] = {}        # processes discovery skipped so far, by reason
         self.sys_root = sys_root
         self.clock = clock
         self.armed_after: float | None = None   # seconds from start() to every probe armed
@@ -227,7 +229,8 @@ class ProbeManager:
     def _resolve(self) -> Selection:
         base = self.base_selection
         found = set(self.procfs.find(base.comms))
-        jobs = self.discovery.jobs()
+        jobs = self.jobs = self.discovery.jobs()
+        self.skipped = dict(self.discovery.skipped)
         return replace(base, pids=tuple(sorted(set(int(p) for p in base.pids) | found)),
                        trainers=tuple(sorted(t.pid for job in jobs for t in job.trainers)),
                        job_cgroups=self._job_cgroups(jobs))

@@ -10,10 +10,9 @@ define ``WITH_SELECTION``)::
     BPF_HASH(sel_comm, struct comm_key, u8, N);  // names (16 bytes, NUL padded)
     BPF_HASH(sel_cgroup, u64, u8, N);            // cgroup v2 ids
 
-A program may test ``sel_comm`` per event (``SEL_COMM_PER_EVENT``: simple, one
-name fetch and lookup more per hit), or, on hot paths (every syscall or context
-switch on the node), test only ``sel_pid``, plus ``sel_cgroup`` when
-``SEL_CGROUPS`` is set, and leave names to ``sync_selection(..., procs)``,
+A program tests only ``sel_pid`` per event (its hot paths see every syscall or
+context switch on the node), plus ``sel_cgroup`` when ``SEL_CGROUPS`` is set,
+and leaves names to ``sync_selection(..., procs)``,
 which resolves them to processes from /proc, and to a ``task:task_rename``
 program (``on_rename``) that adds the tgid of a main thread naming itself
 (prctl, exec) as a selected comm. That way a comm selects the processes of that

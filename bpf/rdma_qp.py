@@ -12,10 +12,12 @@ so this probe runs only on demand. Attach points, best first:
     functions with the ``ibv_post_send(qp, wr, bad_wr)`` and
     ``ibv_poll_cq(cq, n, wc)`` signatures. Both symbols must be in the ELF.
     The BPF reads only user memory, at libibverbs ABI offsets passed as cflags.
-(c) RDMA hardware counters from ``/sys/class/infiniband/*/ports/*/hw_counters``
-    (``rdma_counters.RdmaCounterPoller``).
-(d) none: ``unsupported``.
-Without (a) the state is ``degraded`` even when (b) and (c) work.
+(c) none: ``unsupported``.
+Without (a) the state is ``degraded`` even when (b) works. The NIC's error and
+hardware counters are not read here: the light tier polls them always
+(``rdma_counters``), since they are what switches this probe on. A node with
+no device under ``<sys_root>/class/infiniband`` is named in the reason: the
+uprobes can attach, but no NIC's queue pairs will pass through them.
 
 The uprobes see every process that calls the probed functions (the task
 selection does not narrow them). Only successful completions of work requests
@@ -23,7 +25,7 @@ posted while the probe ran are measured; unsignalled requests never complete
 and age out of an LRU map.
 
 Signals: ``rdma_qp_completion_latency_us{qp,dev,quantile}`` (per interval, qp is
-the QP number), ``rdma_hw_counter_rate{dev,port,counter}``, and the tier's cost
+the QP number), and the tier's cost
 ``deep_probe_events_per_s{probe="rdma_qp"}`` (BPF program runs per second, from
 the second collect on; also kept in ``events_per_s``).
 
@@ -31,7 +33,7 @@ Example::
 
     probe = RdmaQp(uprobes=["/usr/lib/x86_64-linux-gnu/libmlx5.so.1:mlx5_post_send",
                             "/usr/lib/x86_64-linux-gnu/libmlx5.so.1:mlx5_poll_cq"])
-    probe.start()      # degraded (no kprobes ...), attach points: uprobe:..., sysfs:...
+    probe.start()      # degraded (no kprobes ...), attach points: uprobe:..., uretprobe:...
     probe.collect(now) # [("rdma_qp_completion_latency_us", {"qp": "4660", "dev": "mlx5_0",
                        #   "quantile": "0.99", ...}, 412.0), ...]
     probe.stop()       # uprobes removed
@@ -55,7 +57,6 @@ from reflexarc.core.signals import SignalSpec
 from .loghist import SLOTS, quantiles
 from .maps import drain
 from .probe import DEEP_EVENTS_PER_S, DEGRADED, UNSUPPORTED, Probe, ProbeStatus, Selection
-from .rdma_counters import DEFAULT_COUNTERS, SIGNAL as COUNTER_SIGNAL, RdmaCounterPoller
 
 KERNEL_VERBS_SYMBOLS = ("mlx5_ib_post_send", "mlx5_ib_poll_cq", "ib_post_send")
 
@@ -108,22 +109,20 @@ class RdmaQp(Probe):
     name = "rdma_qp"
     tier = "deep"
     device = "rdma"                 # needs an RDMA device to observe
+    takes_sys_root = True           # where to look for RDMA devices
     signals = (
         SignalSpec("rdma_qp_completion_latency_us", "us", ("node", "qp", "dev", "quantile"), "gauge",
                    "RDMA queue-pair post to completion latency"),
-        COUNTER_SIGNAL,
         DEEP_EVENTS_PER_S,
     )
     fallback_order = (
         "kprobes on kernel verbs (" + ", ".join(KERNEL_VERBS_SYMBOLS) + ")",
         "uprobes on user-space verbs post/poll symbols named in params",
-        "RDMA hardware counters (/sys/class/infiniband/*/ports/*/hw_counters)",
         "none",
     )
 
     def __init__(self, selection: Selection | None = None, features=None, node: str = "",
-                 uprobes=(), infiniband_root: str = "/sys/class/infiniband",
-                 counters: tuple[str, ...] = DEFAULT_COUNTERS, max_inflight: int = 65536,
+                 uprobes=(), sys_root: str = "/sys", max_inflight: int = 65536,
                  max_qps: int = 1024, max_wc: int = 16, max_wr_chain: int = 8) -> None:
         super().__init__(selection, features, node)
         targets = [UprobeTarget(u) for u in (uprobes or ())]
@@ -131,12 +130,11 @@ class RdmaQp(Probe):
             raise ValueError("uprobes takes two '<library>:<symbol>' entries: the post "
                              f"function, then the poll function; got {len(targets)}")
         self.uprobe_targets = targets
-        self.poller = RdmaCounterPoller(infiniband_root, counters)
+        self.infiniband_root = Path(sys_root) / "class" / "infiniband"
         self.max_inflight, self.max_qps = max_inflight, max_qps
         self.max_wc, self.max_wr_chain = max_wc, max_wr_chain
         self.events_per_s: float | None = None
         self._paths: list[str] = []          # resolved (post, poll) libraries
-        self._counters = False
         self._last_events: tuple[float, int] | None = None
 
     def cflags(self) -> list[str]:
@@ -184,16 +182,13 @@ class RdmaQp(Probe):
             (post_lib, poll_lib), (post, poll) = self._paths, self.uprobe_targets
             points += [f"uprobe:{post_lib}:{post.symbol}", f"uprobe:{poll_lib}:{poll.symbol}",
                        f"uretprobe:{poll_lib}:{poll.symbol}"]
-        self._counters = self.poller.available()
-        if self._counters:
-            points.append(f"sysfs:{self.poller.root}/*/ports/*/hw_counters")
-        else:
-            reasons.append(f"hardware counters: {self.poller.why_unavailable()}")
+        if not any(self.infiniband_root.glob("*")):
+            reasons.append(f"no RDMA device under {self.infiniband_root}")
         state = DEGRADED if points else UNSUPPORTED
         return ProbeStatus(state, "; ".join(reasons), points)
 
     def capability(self) -> ProbeStatus:
-        """Before any session: degraded when uprobes or counters can serve one."""
+        """Before any session: degraded when uprobes can serve one."""
         status = super().capability()
         if status.state != UNSUPPORTED or self.uprobe_targets or not self.features.has_uprobes():
             return status
@@ -206,20 +201,9 @@ class RdmaQp(Probe):
 
     # --- life cycle ------------------------------------------------------------
     def start(self) -> ProbeStatus:
-        """As ``Probe.start``, but compiles only when uprobes are used: the
-        counters alone need no BPF."""
-        why = self.features.missing_prerequisite()
-        if why:
-            self.status = ProbeStatus(UNSUPPORTED, why)
-            return self.status
-        status = self.choose_attach_points()
-        if status.state != UNSUPPORTED and self._paths:
-            self.bpf = self.compile()
-            self.attach()
         self._last_events = None
         self.events_per_s = None
-        self.status = status
-        return status
+        return super().start()
 
     def attach(self) -> None:
         (post_lib, poll_lib), (post, poll) = [p.encode() for p in self._paths], self.uprobe_targets
@@ -234,13 +218,9 @@ class RdmaQp(Probe):
 
     # --- collection --------------------------------------------------------------
     def collect(self, now: float) -> list[tuple[str, dict, float]]:
-        out: list[tuple[str, dict, float]] = []
-        if self.bpf is not None:
-            out += self._latency()
-            out += self._events(now)
-        if self._counters:
-            out += [(name, self._labels(**labels), value) for name, labels, value in self.poller.poll(now)]
-        return out
+        if self.bpf is None:
+            return []
+        return self._latency() + self._events(now)
 
     def _labels(self, **extra) -> dict:
         """Node plus ``extra``: the RDMA signals carry no job label (a NIC and its

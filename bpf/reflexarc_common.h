@@ -1,7 +1,7 @@
 /* reflexarc_common.h: the C the probe programs share.
- * Included by dataloader_io.bpf.c, sched_numa.bpf.c, gpu_submit.bpf.c,
+ * Included by dataloader_io.bpf.c, sched_numa.bpf.c, gpu_submit.bpf.c, batch_wait.bpf.c,
  * block_io.bpf.c, net_tcp.bpf.c and rdma_qp.bpf.c (loaders bpf/dataloader_io.py,
- * bpf/sched_numa.py, bpf/gpu_submit.py, bpf/block_io.py, bpf/net_tcp.py,
+ * bpf/sched_numa.py, bpf/gpu_submit.py, bpf/batch_wait.py, bpf/block_io.py, bpf/net_tcp.py,
  * bpf/rdma_qp.py). Probe.final_source() (bpf/probe.py) replaces the
  * #include "reflexarc_common.h" line with this text before bcc compiles the
  * program, and Probe.dump_bpf() prints that result: bcc rewrites map calls and
@@ -25,9 +25,7 @@
  *   on_rename                    task:task_rename program that adds the tgid of
  *                                a main thread naming itself as a selected comm
  * Names are resolved to tgids by the loader's /proc scan and by on_rename,
- * never per event. A program that defines SEL_COMM_PER_EVENT (gpu_submit)
- * instead tests the current thread's name against sel_comm in selected() on
- * each event, and gets no on_rename.
+ * never per event.
  *
  * cflags: -DHIST_SLOTS, and with WITH_SELECTION -DMAX_SELECTED
  */
@@ -72,19 +70,12 @@ static __always_inline int selected(u32 tgid)
         return 1;
     if (sel_pid.lookup(&tgid))
         return 1;
-#ifdef SEL_COMM_PER_EVENT
-    struct comm_key ck = {};
-    bpf_get_current_comm(&ck.comm, sizeof(ck.comm));
-    if (sel_comm.lookup(&ck))
-        return 1;
-#endif
     if (!(*mode & SEL_CGROUPS))
         return 0;                          /* sel_cgroup is empty */
     u64 cg = bpf_get_current_cgroup_id();
     return sel_cgroup.lookup(&cg) != 0;
 }
 
-#ifndef SEL_COMM_PER_EVENT
 /* task:task_rename, in the renamed task for prctl(PR_SET_NAME) and exec: a
  * process whose main thread names itself as a selected comm joins sel_pid at
  * once. Other threads' names, and renames of another task (writes to
@@ -103,7 +94,6 @@ int on_rename(struct tracepoint__task__task_rename *args)
     sel_pid.update(&tgid, &one);
     return 0;
 }
-#endif
 #endif /* WITH_SELECTION */
 
 #endif /* REFLEXARC_COMMON_H */

@@ -143,6 +143,8 @@ def _log(p: dict, selector: Selector) -> str:
 def _affinity(p: dict, selector: Selector) -> str:
     where = (f"CPUs {format_cpulist(p['cpus'])}" if "cpus" in p else
              f"the CPUs of the NUMA node of PCI device {p['device']}" if "device" in p else
+             "the CPUs of the job's NUMA node (that of the device it reads from or sends on, else the one "
+             "holding most of its training process's memory)" if p.get("locality") else
              f"the CPUs of NUMA node {p['node']}")
     spare = f", leaving CPUs {format_cpulist(p['reserved_cpus'])} free" if p.get("reserved_cpus") else ""
     return f"re-pins every thread of the selected DataLoader workers to {where}{spare}"
@@ -193,9 +195,10 @@ def _changes(act: Action) -> bool:
 
 def _target(rule: Rule) -> str:
     if not rule.by:
-        return "node-wide"
+        return "node-wide (per job where several jobs run)"
     nouns = " and ".join(LABEL_NOUNS.get(label, label) for label in rule.by)
-    return f"for one {nouns} (by: {', '.join(rule.by)})"
+    per_job = "" if "job" in rule.by else ", per job where several jobs run"
+    return f"for one {nouns} (by: {', '.join(rule.by)}{per_job})"
 
 
 def _steps(rule: Rule, selector: Selector) -> list[str]:
@@ -289,6 +292,11 @@ def _scope(policy: Policy) -> list[str]:
         out += _wrap("It may touch " + "; ".join(p for p in parts if p) + ".", 2, 2)
     if s.match:
         out += _wrap(f"It reads only series with {_matchers(s.match)}.", 2, 2)
+    scope = [f"of the job{'s' if len(s.jobs) > 1 else ''} {', '.join(s.jobs)}" if s.jobs else "",
+             f"of the pod{'s' if len(s.pods) > 1 else ''} {', '.join(s.pods)}" if s.pods else ""]
+    if any(scope):
+        out += _wrap("It reads and acts on the series " + " and ".join(p for p in scope if p) +
+                     " (as 'reflexarc jobs' names them), and the node's own.", 2, 2)
     if policy.requires:
         needs = " and ".join(REQUIREMENT_NOUNS.get(k, k) for k in policy.requires)
         lacking = "without one" if len(policy.requires) == 1 else "lacking one of them"

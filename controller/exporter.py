@@ -34,10 +34,11 @@ import threading
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from reflexarc.bpf.probe import DEGRADED, OK, STOPPED, UNSUPPORTED
+from reflexarc.core.jobs import SKIP_REASONS
 
 from .journal import OPEN_STATES
 from .signal_metrics import SignalCollector
@@ -112,6 +113,21 @@ class ProbeCollector:
             for state in PROBE_STATES:
                 up.add_metric([name, state], 1.0 if status.state == state else 0.0)
         yield up
+        jobs, skipped = self.manager.jobs, self.manager.skipped      # the last refresh's, replaced whole
+        info = GaugeMetricFamily("reflexarc_job_info", "1 for each training process of a job found on the node "
+                                 "(reflexarc jobs): its job, rank, pod and launcher",
+                                 labels=["job", "rank", "pod", "launcher", "pid"])
+        for job in jobs:
+            for t in job.trainers:
+                i = t.identity
+                info.add_metric([job.name, "" if i.rank is None else str(i.rank), i.pod, i.launcher, str(t.pid)], 1.0)
+        yield info
+        lost = CounterMetricFamily("reflexarc_job_discovery_skipped", "Processes job discovery skipped, by "
+                                   "reason (unreadable, vanished, oversized, malformed, fd-exhausted)",
+                                   labels=["reason"])
+        for reason in SKIP_REASONS:
+            lost.add_metric([reason], float(skipped.get(reason, 0)))
+        yield lost
 
 
 class JournalCollector:

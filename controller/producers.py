@@ -3,9 +3,15 @@ this node: a shipped policy whose signal nothing here emits would wait forever.
 
 A signal's producers are the probes that declare it, the framework hooks, NVML
 (GPU utilisation where a GPU exists) or a PromQL source (a query the operator
-configures against the cluster's Prometheus). ``NodeFacts.why_not`` says why a
-producer cannot run here (no GPU, no RDMA device, the probe's tracepoints are
-missing, no PromQL source configured, or none with a query for that signal);
+configures against the cluster's Prometheus). A probe producer is named with
+its tier: a light probe is always on, a deep one runs only while a policy
+switches it on, so a signal only a deep probe produces cannot be what starts
+it (the RDMA NIC counters are the light tier's ``rdma_counters``, polled from
+sysfs; the per-QP latency is the deep tier's ``rdma_qp``).
+``NodeFacts.why_not`` says why a producer cannot run here (no GPU, no RDMA
+device, bcc missing for a probe that compiles a program, the probe's
+tracepoints are missing, no PromQL source configured, or none with a query for
+that signal), looking for devices under the same roots as ``Devices``;
 ``why_unproduced`` collects that for a signal (``readiness.py`` turns it into
 findings about policies). ``NodeFacts.missing`` answers for what a policy's
 ``requires`` names (``REQUIREMENTS``: a device kind, or ``promql``).
@@ -14,6 +20,7 @@ Example::
 
     facts = NodeFacts()
     facts.why_not(Producer("probe", "gpu_submit", device="gpu"))   # "no GPU (no /dev/nvidia<N>)"
+    str(Producer("probe", "rdma_counters", device="rdma"))       # "probe rdma_counters (light tier, always on)"
     why_unproduced("gpu_utilization_pct", facts)
     # "NVML: no GPU (no /dev/nvidia<N>); a PromQL source: no PromQL source configured"
     NodeFacts(promql=frozenset({"gpu_utilization_pct"})).missing("promql")   # None: a source is configured
@@ -31,6 +38,7 @@ from reflexarc.bpf.probe import UNSUPPORTED, KernelFeatures
 from reflexarc.core.devices import KINDS as DEVICE_KINDS, Devices
 
 PROBE, HOOKS, NVML, PROMQL = "probe", "hooks", "nvml", "promql"
+TIER_WORDS = {catalog.LIGHT: "light tier, always on", catalog.DEEP: "deep tier, on demand"}
 REQUIREMENTS = (*DEVICE_KINDS, PROMQL)     # what a policy may declare in 'requires'
 NO_PROMQL = "no PromQL source configured"
 
@@ -42,8 +50,9 @@ class Producer:
     device: str = ""   # a device kind (core.devices.KINDS) it needs
 
     def __str__(self) -> str:
-        return {PROBE: f"probe {self.name}", HOOKS: "the framework hooks", NVML: "NVML",
-                PROMQL: "a PromQL source"}[self.kind]
+        if self.kind == PROBE:
+            return f"probe {self.name} ({TIER_WORDS[catalog.entry(self.name).tier]})"
+        return {HOOKS: "the framework hooks", NVML: "NVML", PROMQL: "a PromQL source"}[self.kind]
 
 
 class NodeFacts:
@@ -85,17 +94,24 @@ class NodeFacts:
             return None      # the training script serves them (reflexarc.actuators.hooks)
         if producer.kind == NVML:
             return None if importlib.util.find_spec("pynvml") else "NVML bindings (nvidia-ml-py) not installed"
-        if importlib.util.find_spec("bcc") is None:
-            return "bcc is not installed"
         try:
             cls = catalog.probe_class(producer.name)
-            # a probe that needs a device looks for it where this node's devices are read
-            extra = {"dev_root": str(self.devices.dev_root)} if getattr(cls, "takes_dev_root", False) else {}
-            probe = cls(features=self.features, **extra)
         except catalog.ProbeNotAvailable as exc:
             return str(exc)
+        if getattr(cls, "uses_bpf", True) and importlib.util.find_spec("bcc") is None:
+            return "bcc is not installed"
+        probe = cls(features=self.features, **self._roots(cls))
         status = probe.choose_attach_points()
         return (status.reason or "unsupported") if status.state == UNSUPPORTED else None
+
+    def _roots(self, cls) -> dict:
+        """A probe looks for its devices where this node's devices are read."""
+        roots = {}
+        if getattr(cls, "takes_dev_root", False):
+            roots["dev_root"] = str(self.devices.dev_root)
+        if cls.takes_sys_root:
+            roots["sys_root"] = str(self.devices.sys_root)
+        return roots
 
 
 def producers_of(name: str) -> tuple[Producer, ...]:

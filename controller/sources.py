@@ -36,6 +36,10 @@ from .signals import CATALOGUE, UnknownSignal
 log = logging.getLogger("reflexarc.sources")
 
 
+# signals both the probes (from an unmodified job) and a training script's hooks produce
+HOOK_STEP_SIGNALS = ("step_time_ms", "dataloader_batch_wait_ms")
+
+
 class SourceError(ValueError):
     pass
 
@@ -147,7 +151,9 @@ class NvmlSource:
 
 class ProbeSource:
     """The probes' samples; those of a training process that serves framework
-    hooks also carry its ``rank`` (from the hook socket's name)."""
+    hooks also carry its ``rank`` (from the hook socket's name), and the
+    step signals the probes measure for it (``HOOK_STEP_SIGNALS``) are dropped:
+    where the script reports them itself, its own value wins."""
 
     name = "probes"
 
@@ -168,11 +174,17 @@ class ProbeSource:
         self.manager.expire_deep(now)
         samples = self.manager.collect(now)
         if self._ranks:
-            for _, labels, _ in samples:       # each sample has its own labels dict
+            kept = []
+            for sample in samples:               # each sample has its own labels dict
+                name, labels, _ = sample
                 trainer = labels.get("trainer")
                 rank = self._ranks.get(int(trainer)) if trainer else None
+                if rank is not None and name in HOOK_STEP_SIGNALS:
+                    continue                     # the script reports it itself: its value wins
                 if rank is not None and "rank" not in labels:   # a rank discovery found wins
                     labels["rank"] = rank
+                kept.append(sample)
+            samples = kept
         return samples
 
     def close(self) -> None:

@@ -47,6 +47,7 @@ class RuleTargets:
         self.conditions = self.when + conditions_of(rule.verify.when if rule.verify else None)
         self.index = {id(c): i for i, c in enumerate(self.conditions)}
         self._matchers = [Matcher({**policy.selector.match, **c.match}) for c in self.conditions]
+        self._selector = policy.selector
         self._counter = [getattr(CATALOGUE.get(c.signal), "kind", "") == "counter" for c in self.conditions]
         self.signals = tuple(sorted({c.signal for c in self.conditions}))
         self._generations: tuple | None = None
@@ -73,7 +74,8 @@ class RuleTargets:
 
     def _resolve(self) -> None:
         by = self.by
-        matching = [[s for s in self.bus.series(c.signal) if m(s.labels)]
+        scoped = self._selector.scoped
+        matching = [[s for s in self.bus.series(c.signal) if m(s.labels) and scoped(s.labels)]
                     for c, m in zip(self.conditions, self._matchers)]
         named = by[:-1] if self._implicit_job else by        # the labels a key needs
         keys = {tuple(s.labels.get(k) for k in by)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from reflexarc.actuators.base import Actuator, Change, PermanentActuatorError, Registry, Target
 from reflexarc.actuators.log import LogActuator
-from reflexarc.actuators.specs import SPECS
+from reflexarc.actuators.specs import ALTERNATIVE_PARAMS, SPECS
 from reflexarc.core.cpus import format_cpulist
 from reflexarc.core.ports import format_port_ranges
 
@@ -66,9 +66,10 @@ class SimAffinity(SimActuator):
 
     def _cpus(self, params: dict) -> list[int]:
         topology = self.plant.config.numa_nodes
-        chosen = [k for k in ("node", "cpus", "device") if params.get(k) is not None]
+        chosen = [k for k in ALTERNATIVE_PARAMS["affinity"] if params.get(k) is not None and params[k] is not False]
         if len(chosen) != 1:
-            raise PermanentActuatorError(f"affinity takes exactly one of node, cpus, device; got {chosen or 'none'}")
+            raise PermanentActuatorError(f"affinity takes exactly one of {', '.join(ALTERNATIVE_PARAMS['affinity'])}; "
+                                         f"got {chosen or 'none'}")
         if "cpus" in chosen:
             known = {c for cpus in topology.values() for c in cpus}
             missing = [c for c in params["cpus"] if c not in known]
@@ -77,6 +78,8 @@ class SimAffinity(SimActuator):
             cpus = list(params["cpus"])
         else:
             node = params.get("node")
+            if "locality" in chosen:      # the plant's job keeps its memory on the first node
+                node = min(topology)
             if "device" in chosen:
                 node = self.plant.config.devices.get(params["device"])
                 if node is None:

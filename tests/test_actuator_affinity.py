@@ -1,6 +1,9 @@
 """The affinity actuator against real processes: workers named ``pt_data_worker``
 (prctl PR_SET_NAME) with several threads of different masks, and a real PyTorch
-DataLoader. The NUMA topology is a fixture sysfs tree ``{node0: cpu0, node1: cpu1}``."""
+DataLoader. The NUMA topology is a fixture sysfs tree ``{node0: cpu0, node1: cpu1}``:
+this machine has one node. The locality choice reads fixture ``numa_maps`` and
+device links against a two-node fixture sysfs, and once this machine's own
+(one node: node 0, from the training process's real numa_maps)."""
 from __future__ import annotations
 
 import json
@@ -14,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, require, require_root
+from conftest import ROOT, require, require_root, two_node_sys
 
-from reflexarc.actuators.affinity import AffinityActuator
+from reflexarc.actuators.affinity import AffinityActuator, numa_memory
 from reflexarc.actuators.base import Change, PermanentActuatorError, Target
 from reflexarc.core.cpus import format_cpulist
 from reflexarc.core.procfs import ProcFS
@@ -199,9 +202,96 @@ def test_cpus_come_from_node_device_or_list(act):
     for bad, words in (({"device": "0000:5e:00.0"}, "numa_node -1"), ({"node": 7}, "no NUMA node 7"),
                        ({"device": "0000:aa:00.0"}, "no PCI device"), ({"device": "../../x"}, "not a PCI"),
                        ({"node": 0, "reserved_cpus": [0]}, "no CPU left"), ({"cpus": [5]}, "not online"),
-                       ({"node": 0, "cpus": [1]}, "exactly one"), ({}, "exactly one")):
+                       ({"node": 0, "cpus": [1]}, "exactly one"), ({}, "exactly one"),
+                       ({"node": 0, "locality": True}, "exactly one"), ({"locality": False}, "got none")):
         with pytest.raises(PermanentActuatorError, match=words):
             act.target_cpus(bad)
+
+
+GIB_4K_PAGES = 262144      # 1 GiB in 4 KiB pages
+
+
+def numa_maps(proc: Path, pid: int, *lines: str) -> None:
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc / str(pid) / "numa_maps").write_text("".join(line + "\n" for line in lines))
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path) -> tuple[AffinityActuator, Path, Path]:
+    """An actuator over a two-node fixture sysfs and a fixture /proc (whose
+    numa_maps the tests write), with those roots."""
+    sys_root, proc = two_node_sys(tmp_path / "sys"), tmp_path / "proc"
+    proc.mkdir()
+    return AffinityActuator(proc_root=str(proc), sys_root=str(sys_root)), sys_root, proc
+
+
+def test_numa_maps_sums_pages_per_node_by_page_size(tmp_path):
+    numa_maps(tmp_path, 1,
+              "55d0c0a00000 default file=/usr/bin/python3.11 mapped=700 mapmax=3 N0=700 kernelpagesize_kB=4",
+              "7f3a40000000 default anon=393216 dirty=393216 N0=131072 N1=262144 kernelpagesize_kB=4",
+              "7f2a00000000 default file=/dev/hugepages/buf huge dirty=3 N1=3 kernelpagesize_kB=2048",
+              "7ffd1c3e0000 default stack anon=33 dirty=33 kernelpagesize_kB=4")    # no page resident on a node
+    assert numa_memory(tmp_path / "1" / "numa_maps") == {0: (700 + 131072) * 4096,
+                                                         1: 262144 * 4096 + 3 * 2048 * 1024}
+    with pytest.raises(OSError):
+        numa_memory(tmp_path / "2" / "numa_maps")
+
+
+def test_locality_chooses_the_node_holding_most_of_the_training_processs_memory(two_nodes):
+    act, _, proc = two_nodes
+    numa_maps(proc, 4242, f"7f3a40000000 default anon=1 N0={GIB_4K_PAGES} N1={3 * GIB_4K_PAGES} kernelpagesize_kB=4")
+    by_trainer = Target({"trainer": "4242"}, {"processes": ["pt_data_worker"]})
+    assert act.target_cpus({"locality": True}, by_trainer) == (
+        [1], "node 1, holding 75% of the memory of training process 4242 (numa_maps: node 0 1.0 GiB, node 1 3.0 GiB)")
+
+    # Huge pages count by their size: 2 GiB of 2 MiB pages on node 0 tip it there.
+    numa_maps(proc, 4243, f"7f3a40000000 default anon=1 N1={GIB_4K_PAGES} kernelpagesize_kB=4",
+              "7f2a00000000 default file=/dev/hugepages/b huge N0=1024 kernelpagesize_kB=2048")
+    cpus, where = act.target_cpus({"locality": True}, Target(selector={"pids": [4243, 4242]}))
+    assert cpus == [1] and where.startswith("node 1, holding 57% of the memory of processes 4243, 4242 ")
+    assert act.local_node(Target(selector={"pids": [4243]}))[0] == 0
+
+
+def test_locality_prefers_a_device_the_job_uses(two_nodes):
+    """A NIC the job sends on, whose PCI function sysfs places on node 1, wins
+    over memory on node 0; a virtual interface (no device) does not count."""
+    act, sys_root, proc = two_nodes
+    numa_maps(proc, 4242, f"7f3a40000000 default anon=1 N0={GIB_4K_PAGES} kernelpagesize_kB=4")
+    nic = sys_root / "devices" / "pci0000:3a" / "0000:3a:00.0" / "0000:3b:00.0"
+    (nic / "net" / "ens1f0").mkdir(parents=True)
+    (nic / "numa_node").write_text("1\n")
+    (sys_root / "class" / "net").mkdir(parents=True)
+    (sys_root / "class" / "net" / "ens1f0").mkdir()
+    (sys_root / "class" / "net" / "ens1f0" / "device").symlink_to(nic)
+    (sys_root / "class" / "net" / "veth0").mkdir()
+    by_trainer = {"trainer": "4242"}
+    assert act.target_cpus({"locality": True}, Target(by_trainer, {"interfaces": ["veth0", "ens1f0"]})) == (
+        [1], "node 1, that of network interface ens1f0, which the job sends on")
+    assert act.local_node(Target({**by_trainer, "iface": "veth0"}))[0] == 0          # memory, then
+    assert act.local_node(Target({**by_trainer, "dev": "../net/ens1f0"}))[0] == 0    # not a device name
+    (nic / "numa_node").write_text("-1\n")                                           # no affinity given
+    assert act.local_node(Target(by_trainer, {"interfaces": ["ens1f0"]}))[0] == 0
+
+
+def test_locality_without_a_device_or_readable_memory_is_permanent(two_nodes):
+    act, _, _ = two_nodes
+    for target, words in ((Target({"pid": "77"}), "no training process"),
+                          (Target({"trainer": "4242"}), r"cannot read .*/proc/4242/numa_maps"),
+                          (None, "chosen for a target")):
+        with pytest.raises(PermanentActuatorError, match=words):
+            act.target_cpus({"locality": True}, target)
+
+
+def test_locality_on_this_machine_plans_node_0_and_says_why(job):
+    """This machine has one NUMA node: the training process's memory is all on
+    node 0, and the plan (what dry-run shows) says so."""
+    act = AffinityActuator()
+    job.spawn({0, 1})
+    change = act.plan(trainer_target(job), {"locality": True})
+    assert change.after["cpus"] == sorted(os.sched_getaffinity(0)) == [0, 1]
+    assert f"to CPUs 0-1 (node 0, holding 100% of the memory of training process {job.pid} (numa_maps: node 0 " \
+        in change.summary, change.summary
+    assert change.params == {"locality": True}
 
 
 def test_pins_every_thread_and_reverts_each_own_mask(act, job):

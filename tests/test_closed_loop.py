@@ -45,7 +45,9 @@ def test_a_bulk_upload_is_demoted_and_the_steps_come_back(tmp_path):
     assert "CS1" in r["actions"][0]["summary"] and r["testbed"] in r["actions"][0]["summary"]
     assert r["after_onset_s"]["verified"] is not None, r["after_onset_s"]
     assert r["ratio_to_baseline"]["fault"] >= 1.3 and r["ratio_to_baseline"]["remediated"] <= 1.2, r["steps_ms"]
-    assert ("dscp", "reverted") in outcomes(r) or r["end_summary"]["reverted"] == 1   # at shutdown
+    # reverted at shutdown (on a loaded machine another policy may hold a change too; loop() checks that
+    # nothing at all was left behind)
+    assert ("dscp", "reverted") in outcomes(r) or r["end_summary"]["reverted"] >= 1
 
 
 def test_b_a_slow_store_gets_more_loader_workers_through_the_hook(tmp_path):

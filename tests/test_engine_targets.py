@@ -222,3 +222,19 @@ def test_a_target_never_joins_two_jobs():
     ctl.bus.publish("step_time_ms", {"job": "j", "rank": "0"}, 50.0, 1.0)
     ctl.tick()
     assert {k[2] for k in ctl.runs} == {"rank=0"}
+
+
+def test_a_jobs_selector_reads_only_its_jobs_and_the_nodes_own_series():
+    from reflexarc.controller.policy.model import Selector
+    pol = policy(mode="dry-run", verify=False)
+    pol.selector = Selector(jobs=("sl*",))
+    clock, ctl = controller([pol], {})
+    for t in range(3):
+        clock.set(float(t))
+        for job in ("fast", "slow", "slower"):
+            ctl.bus.publish("step_time_ms", {"job": job, "rank": "0"}, 300.0, t)
+        ctl.bus.publish("step_time_ms", {"rank": "0"}, 60.0, t)
+        ctl.tick()
+    assert {k[2] for k in ctl.runs} == {"job=slow,rank=0", "job=slower,rank=0"}
+    assert Selector(jobs=("sl*",)).scoped({"job": "slow"}) and not Selector(jobs=("sl*",)).scoped({"job": "fast"})
+    assert Selector(pods=("1b2c*",)).scoped({"job": "x"}) and not Selector(pods=("1b2c*",)).scoped({"pod": "ff"})

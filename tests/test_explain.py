@@ -77,13 +77,14 @@ def test_dataloader_numa(repo_root, tmp_path):
     assert_says(
         text,
         "It may touch processes named pt_data_worker.",
-        "when, for one training process (by: trainer), all of:",
+        "when, for one training process (by: trainer, per job where several jobs run), all of:",
         '- the max of dataloader_read_latency_us{quantile="0.99"} over 30 s is above 3x its baseline '
         "(the median of the last 10 m while healthy)",
         "- any of: - the increase of numa_cross_migrations_total over 60 s is above 0 "
         "- the mean of numa_remote_ratio over 30 s is above 0.5",
         "for 15 s in a row, it 1. re-pins every thread of the selected DataLoader workers to the CPUs of "
-        "NUMA node 0",
+        "the job's NUMA node (that of the device it reads from or sends on, else the one holding most of "
+        "its training process's memory)",
         'it then checks for up to 90 s that the max of dataloader_read_latency_us{quantile="0.99"} over 30 s '
         "is below 1.5x its baseline",
         "rolls the change back and sends a warning alert",
@@ -100,7 +101,7 @@ def test_nccl_congestion_dscp(repo_root, tmp_path):
     assert_says(
         text,
         "It may touch interfaces eth0.",
-        "rule bulk-competes-with-collective: when, node-wide, all of:",
+        "rule bulk-competes-with-collective: when, node-wide (per job where several jobs run), all of:",
         '- the max of link_utilization_pct{traffic="other"} over 10 s is above 20%',
         "- the max of step_time_ms over 10 s is above 1.3x its baseline (the median of the last 2 m while healthy)",
         "for 5 s in a row, it 1. retags the egress tcp flows on ports 443 out of eth0 with DSCP CS1 (8)",
@@ -143,7 +144,8 @@ def test_rdma_deep_tracing_requires_rdma(repo_root, tmp_path):
         "for 15 s in a row, it 1. switches the deep probe rdma_qp on for 5 m at most",
         "A change is undone 5 m after it was made and when the controller shuts down, not when the rule clears",
         "then a 15 m cooldown; at most 2 changes an hour.",
-        "rule qp-completion-slow: when, for one device and queue pair (by: dev, qp), the max of "
+        "rule qp-completion-slow: when, for one device and queue pair (by: dev, qp, per job where several jobs run), "
+        "the max of "
         'rdma_qp_completion_latency_us{quantile="0.99"} over 30 s is above 50 us for 10 s in a row, '
         'it 1. sends a critical alert "RDMA queue pair completions above 50 us',
         "note: policy rdma-deep-tracing requires rdma: idle on this node: no RDMA device",

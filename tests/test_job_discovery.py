@@ -317,3 +317,68 @@ def test_fd_exhaustion_is_not_taken_for_a_gone_process(tmp_path):
     assert [j.name for j in known.jobs()] == ["ok"]
     fresh.refresh()                                  # tried again once descriptors are back
     assert [j.name for j in fresh.jobs()] == ["ok"] and fresh.skipped["vanished"] == 0
+
+
+def test_each_jobs_training_processes_are_a_metric(two_jobs):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from reflexarc.bpf.manager import ProbeManager
+    from reflexarc.bpf.probe import Selection
+    from reflexarc.controller.exporter import ProbeCollector
+    uid, (pod_job, slurm_job, bare) = two_jobs
+    manager = ProbeManager(Selection(), probes=[])
+    manager.start()
+    registry = CollectorRegistry()
+    registry.register(ProbeCollector(manager))
+    assert registry.get_sample_value("reflexarc_job_info", {"job": "llama-7b", "rank": "1", "pod": uid,
+                                                            "launcher": "torchrun", "pid": str(pod_job.pid)}) == 1
+    assert registry.get_sample_value("reflexarc_job_info", {"job": "slurm-4242", "rank": "0", "pod": "",
+                                                            "launcher": "slurm", "pid": str(slurm_job.pid)}) == 1
+    assert registry.get_sample_value("reflexarc_job_discovery_skipped_total", {"reason": "malformed"}) == 0
+    assert SECRET not in generate_latest(registry).decode()
+    assert [t.pid for j in manager.jobs if j.name == "llama-7b" for t in j.trainers] == [pod_job.pid]
+    assert pod_job.pid in manager.selection.trainers and slurm_job.pid in manager.selection.trainers
+
+
+def test_no_byte_of_an_environment_beyond_the_launchers_keys_leaves_the_controller(two_jobs, tmp_path):
+    """The controller runs (verbose, probes on, metrics served) beside jobs whose
+    environments hold a secret; its output, log, audit, journal, metrics and
+    report never show it, while they do name the jobs."""
+    import time
+    import urllib.request
+
+    from conftest import require_bpf
+    from reflexarc.simulations.testbed.local_server import free_port
+    require_bpf()
+    uid, (pod_job, slurm_job, bare) = two_jobs
+    rx = str(Path(sys.executable).parent / "reflexarc")
+    port = free_port()
+    state = tmp_path / "state"
+    run = subprocess.Popen([rx, "-v", "--state-dir", str(state), "--hook-dir", str(tmp_path / "hooks"), "run",
+                            "--duration", "20", "--metrics-addr", f"127.0.0.1:{port}"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    scraped = ""
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and 'job="llama-7b"' not in scraped:
+            time.sleep(0.5)
+            try:
+                scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                continue
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, err
+    assert 'job="llama-7b"' in scraped, "the jobs are exported"
+    report = subprocess.run([rx, "report", str(state / "audit.jsonl"), "--out", str(tmp_path / "report")],
+                            capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    texts = {"stdout": out, "stderr": err, "metrics": scraped, "report stdout": report.stdout}
+    for path in [*state.rglob("*"), *(tmp_path / "report").rglob("*")]:
+        if path.is_file():
+            texts[str(path)] = path.read_bytes().decode(errors="replace")
+    leaked = [where for where, text in texts.items() if SECRET in text]
+    assert not leaked, f"the planted secret shows in {leaked}"

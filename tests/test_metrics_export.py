@@ -141,7 +141,8 @@ def test_every_catalogued_signal_passes_promtool():
     text = generate_latest(registry).decode()
     status, said = promtool_says(text)
     assert set(said.splitlines()) == CATALOGUE_LINT and status == (3 if CATALOGUE_LINT else 0), said
-    assert 'reflexarc_step_time_seconds{job="job-1",node="gpu-node-07",rank="rank-1"} 0.0005' in text
+    assert ('reflexarc_step_time_seconds{job="job-1",node="gpu-node-07",pid="pid-1",pod="pod-1",rank="rank-1",'
+            'trainer="trainer-1"} 0.0005') in text
     assert "# TYPE reflexarc_tcp_srtt_seconds summary" in text
     assert len([line for line in text.splitlines() if line.startswith("# TYPE")]) == len(CATALOGUE)
 

@@ -74,7 +74,11 @@ def test_scenario_series_use_catalogued_signals_with_their_labels_and_kind():
     for name in SCENARIOS:
         for s in load_scenario(name).series:
             spec = CATALOGUE[s.name]
-            assert set(s.labels) == set(spec.labels), (name, s.name, s.labels)
+            # every label the scenario gives is declared; a declared label may be missing, as live: pod
+            # only on a pod's processes, rank only where discovery found one, pid and trainer only on
+            # the probes' step signals
+            assert set(s.labels) <= set(spec.labels), (name, s.name, s.labels)
+            assert set(spec.labels) - {"pod", "rank", "pid", "trainer"} <= set(s.labels), (name, s.name, s.labels)
             assert s.kind == spec.kind, (name, s.name)
 
 
@@ -182,7 +186,7 @@ def test_affinity_fixes_only_the_right_training_process_and_the_fault_returns_on
     act.apply(wrong_trainer)
     assert plant.fault_effective("worker-on-remote-node", 200)
 
-    change = act.plan(TRAINER, {"node": 0})
+    change = act.plan(TRAINER, {"locality": True})      # the plant's job keeps its memory on node 0
     assert change.before == {"cpus": list(range(16, 32))} and change.after == {"cpus": list(range(16))}
     assert "16-31 -> 0-15" in change.summary
     act.apply(change)

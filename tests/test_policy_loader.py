@@ -175,8 +175,8 @@ ERROR_CASES = {
         (10, 11, "duplicate policy name 'step-time' (first defined at ")],
     "loader-only/by-not-carried.yaml": [
         (4, 15, "no signal read by policy 'loader-by' carries label 'gpu'; expected one of: job, node, pid"),
-        (7, 14, "no signal of rule 'per-worker' carries label 'pdi'; did you mean 'pid'?"),
-        (7, 19, "no signal of rule 'per-worker' carries label 'dev'")],
+        (7, 14, "no signal of rule 'per-worker' carries label 'pidd'; did you mean 'pid'?"),
+        (7, 20, "no signal of rule 'per-worker' carries label 'dev'")],
     "loader-only/dscp-no-interfaces.yaml": [
         (7, 23, "'dscp' needs interfaces: set params.interfaces or the policy's selector.interfaces"),
         (8, 28, "or a number 0-63, got 'ef'; did you mean 'EF'?"),
@@ -356,7 +356,7 @@ policies:
 """)
     _, diagnostics = validate_paths([path])
     assert _where(diagnostics) == [
-        (6, 58, "'cpus' and 'node' are alternatives for 'affinity'; give only one of node, cpus, device"),
+        (6, 58, "'cpus' and 'node' are alternatives for 'affinity'; give only one of node, cpus, device, locality"),
         (7, 19, "'rollback' needs 'on' (the events that undo the change), or write 'rollback: never' to keep "
                 "the changes"),
         (11, 24, "'on' is empty, so nothing would undo the change; list triggers (verify-failed, clear, ttl, "

@@ -5,7 +5,9 @@ There is no GPU here. Child processes issue ioctls with NVIDIA-type numbers
 ``syscalls:sys_enter_ioctl`` fires exactly as for the driver. Each child also
 issues a terminal ioctl (type 'T') that must not be counted. The probe is
 given a stand-in ``/dev`` naming ``nvidia0`` (``conftest.gpu_dev``); without
-one it attaches nothing.
+one it attaches nothing. A child stands for a training process when it is
+listed in ``Selection.trainers``, as the probe manager lists the training
+processes job discovery found.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 from conftest import gpu_dev, require_bpf
 
@@ -108,8 +111,8 @@ def test_counts_nvidia_ioctls_of_selected_processes_only(tmp_path):
         assert GAP_S * 1e6 / 2 <= p50 <= GAP_S * 1e6 * 2, p50
         assert p99 >= p50
 
-        # Re-select by thread name through a map update: now only b counts.
-        probe.update_selection(Selection(comms=(b.comm,)))
+        # Re-select through a map update: now only b counts.
+        probe.update_selection(Selection(pids=(b.pid,)))
         elapsed, out = run_round(probe, [a, b])
         rates = by_pid(out, "gpu_submit_rate_hz")
         assert set(rates) == {b.pid}, out
@@ -118,6 +121,37 @@ def test_counts_nvidia_ioctls_of_selected_processes_only(tmp_path):
         probe.stop()
         a.close()
         b.close()
+
+
+def test_watches_the_training_processes_not_the_loader_workers(tmp_path):
+    """A training process listed in ``Selection.trainers`` is watched, one not
+    listed is not, and a DataLoader-worker selection by name selects nothing;
+    a new set of training processes is a map update, not a recompile. No GPU
+    here: a stand-in /dev (``gpu_dev``) and 'F' ioctls on /dev/null."""
+    require_bpf()
+    tag = f"rxgpt{os.getpid() % 100000}"
+    trainer, other, worker = Child(f"{tag}t"), Child(f"{tag}o"), Child(f"{tag}w")
+    selection = Selection(comms=(worker.comm,), trainers=(trainer.pid,))   # as the probe manager hands it
+    probe = GpuSubmit(selection, node="n1", dev_root=str(gpu_dev(tmp_path / "dev")))
+    try:
+        assert probe.start().state == OK
+        program = probe.bpf
+        elapsed, out = run_round(probe, [trainer, other, worker])
+        rates = by_pid(out, "gpu_submit_rate_hz")
+        assert set(rates) == {trainer.pid}, out
+        assert round(rates[trainer.pid][None] * elapsed) == CALLS
+        assert {labels["pid"] for _, labels, _ in out} == {str(trainer.pid)}
+
+        probe.update_selection(replace(selection, trainers=(other.pid,)))   # the next refresh's trainers
+        assert probe.bpf is program
+        elapsed, out = run_round(probe, [trainer, other, worker])
+        rates = by_pid(out, "gpu_submit_rate_hz")
+        assert set(rates) == {other.pid}, out
+        assert round(rates[other.pid][None] * elapsed) == CALLS
+    finally:
+        probe.stop()
+        for child in (trainer, other, worker):
+            child.close()
 
 
 def test_signals_and_labels_are_catalogued(tmp_path):

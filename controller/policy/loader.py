@@ -621,6 +621,9 @@ class _FileReader:
                     self.error(value_node, f"speed of '{iface}': {exc}")
                 except OverflowError:         # an integer beyond any float
                     self.error(value_node, f"speed of '{iface}' is out of range: {_shown(value_node)}")
+        for key in ("jobs", "pods"):
+            if key in fields:
+                setattr(selector, key, tuple(glob for glob, _ in self._str_list(fields[key][1], f"'{key}'")))
         if "ports" in fields:
             selector.ports = tuple(self._ports(fields["ports"][1], "'ports'"))
         return selector, match

@@ -15,6 +15,8 @@ Overhead: plain dataclasses.
 """
 from __future__ import annotations
 
+import fnmatch
+
 from dataclasses import dataclass, field
 
 MODES = ("dry-run", "alert-only", "enforce")
@@ -143,13 +145,24 @@ class Selector:
     netns: str = ""                                  # network namespace of the interfaces; "": the controller's
     link_speeds: dict[str, int] = field(default_factory=dict)   # interface -> bits/s, for virtual links
     ports: tuple[tuple[int, int], ...] = ()          # inclusive ranges
+    jobs: tuple[str, ...] = ()                       # globs on the discovered job, e.g. ("llama-*",)
+    pods: tuple[str, ...] = ()                       # globs on the pod UID
     loc: Loc | None = None
 
     def to_dict(self) -> dict:
         return {"match": dict(self.match), "processes": list(self.processes), "pids": list(self.pids),
                 "cgroup": self.cgroup, "interfaces": list(self.interfaces), "netns": self.netns,
                 "link_speeds": dict(self.link_speeds),
-                "ports": [list(p) for p in self.ports]}
+                "ports": [list(p) for p in self.ports], "jobs": list(self.jobs), "pods": list(self.pods)}
+
+    def scoped(self, labels: dict) -> bool:
+        """A series is inside ``jobs`` and ``pods`` unless it names another job or
+        pod (the node's own series, which name none, are read by every job)."""
+        for label, globs in (("job", self.jobs), ("pod", self.pods)):
+            value = labels.get(label)
+            if globs and value is not None and not any(fnmatch.fnmatchcase(value, g) for g in globs):
+                return False
+        return True
 
 
 @dataclass

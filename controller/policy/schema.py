@@ -27,7 +27,7 @@ import json
 import sys
 from dataclasses import dataclass
 
-from reflexarc.actuators.specs import NETNS_PATTERN, SPECS
+from reflexarc.actuators.specs import ALTERNATIVE_PARAMS, NETNS_PATTERN, SPECS
 from reflexarc.controller.signals import CATALOGUE
 from reflexarc.controller.producers import REQUIREMENTS
 from reflexarc.core.devices import KINDS as DEVICE_KINDS
@@ -44,8 +44,8 @@ RELATIVE_THRESHOLD_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*x\s*baseline\s*$"
 POSITIVE_DURATION_PATTERN = "^(?=.*[1-9])" + DURATION_PATTERN[1:]
 PERCENTILES = ("p50", "p90", "p99")
 IFNAMSIZ = 16           # interface names are at most IFNAMSIZ - 1 bytes
-# Parameters of one actuator that are alternatives to each other: give at most one.
-EXCLUSIVE_PARAMS = {"affinity": ("node", "cpus", "device")}
+# Parameters of one actuator that are alternatives to each other (declared in actuators.specs).
+EXCLUSIVE_PARAMS = ALTERNATIVE_PARAMS
 SYSTEM_CHANGING = tuple(name for name, spec in SPECS.items() if spec.changes_system)
 
 
@@ -85,6 +85,10 @@ SECTIONS: dict[str, Section] = {
                        "(virtual or shaped links), interface -> rate, e.g. {veth0: 200mbit}; others are read "
                        "from the link itself.",
         "ports": "L4 ports or 'lo-hi' port ranges of the job's flows, e.g. [\"29500-29510\", 12345].",
+        "jobs": "The jobs the policy reads and acts on, by the name discovery gives them (the launcher's id: "
+                "torchrun's run id, slurm-<job id>, ...; 'reflexarc jobs' lists them), as globs, e.g. "
+                "[\"llama-*\"]. Series of other jobs are not read; the node's own series are.",
+        "pods": "The Kubernetes pods the policy reads and acts on, by pod UID, as globs.",
     }),
     "rule": Section({
         "name": "Rule name: lower-case letters, digits and '-', unique within the policy.",
@@ -334,6 +338,8 @@ def build_schema() -> dict:
                         "additionalProperties": {"anyOf": [{"type": "number", "exclusiveMinimum": 0},
                                                            {"type": "string", "pattern": RATE_PATTERN}]}},
         "ports": _ports(),
+        "jobs": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "pods": {"type": "array", "items": {"type": "string", "minLength": 1}},
     }, SECTIONS["policy"].keys["selector"])
     root = _closed("file", {"policies": {"type": "array", "items": {"$ref": "#/$defs/policy"}}},
                    "A reflexarc policy file.")

@@ -80,6 +80,10 @@ def parser() -> Parser:
     loop.add_argument("--results", help="also write the results to this JSON file")
     loop.add_argument("--baseline", type=_seconds, default=40.0, help="seconds before the fault")
     loop.add_argument("--quiet", type=_seconds, default=600.0, help="seconds of the no-fault run (e)")
+    loop.add_argument("--no-hooks", action="store_true",
+                      help="an unmodified job: no framework hooks; every signal comes from the node")
+    loop.add_argument("--launcher", choices=("torchrun", "slurm"), default="torchrun",
+                      help="how the job's ranks are launched: the environment and cgroups they get")
     return ap
 
 
@@ -151,8 +155,9 @@ def _loop(args: argparse.Namespace) -> None:
     unknown = [k for k in keys if k not in FAULTS]
     if unknown or not keys:
         raise TestbedError(f"unknown fault(s) {', '.join(unknown) or '(none)'}; known: {', '.join(FAULTS)}")
-    results = [run_fault(k, Path(args.out), baseline=args.baseline, quiet=args.quiet,
-                         log=lambda text: print(text, file=sys.stderr, flush=True)) for k in keys]
+    results = [run_fault(k, Path(args.out), baseline=args.baseline, quiet=args.quiet, hooks=not args.no_hooks,
+                         launcher=args.launcher, log=lambda text: print(text, file=sys.stderr, flush=True))
+               for k in keys]
     doc = {"machine": machine(), "faults": results}
     if args.results:
         Path(args.results).parent.mkdir(parents=True, exist_ok=True)

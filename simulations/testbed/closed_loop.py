@@ -80,11 +80,12 @@ def two_node_sys(root: Path) -> str:
 
 
 def fills(tb: Testbed, job) -> dict[str, dict]:
-    """Each shipped policy's selector for this testbed: rank 0's data-plane
-    interface in its namespace, the job's cgroup, the bottleneck's speed."""
-    job_cgroup = procs.cgroup2_root() / job.ranks[0].cgroup.rsplit("/", 1)[0]
+    """Each shipped policy's selector for this testbed, as a user would adapt it:
+    rank 0's data-plane interface in its namespace and the bottleneck's speed
+    (a veth's reported speed says nothing of it). Nothing names the job, its
+    cgroup or its processes: the controller finds them."""
     return {"nccl-congestion-dscp": {"interfaces": [tb.rank_iface(0)], "netns": tb.rank_netns(0),
-                                     "cgroup": str(job_cgroup), "link_speeds": {tb.rank_iface(0): tb.rate}}}
+                                     "link_speeds": {tb.rank_iface(0): tb.rate}}}
 
 
 def phase(job, t0: float, t1: float, started_before: float | None = None) -> dict | None:
@@ -111,26 +112,29 @@ def _wait_for(audit: Path, policy: str, since: float, until: str, timeout: float
 
 
 def run_fault(key: str, out_dir: Path, *, baseline: float = 40.0, settle: float = 20.0, quiet: float = 600.0,
-              timeout: float = 150.0, log=print) -> dict:
+              timeout: float = 150.0, hooks: bool = True, launcher: str = "torchrun", log=print) -> dict:
+    """One fault on a fresh testbed (see the module docstring). ``hooks``: the job
+    serves reflexarc's framework hooks and reports its steps through them;
+    without, it is unmodified and every signal comes from the node. ``launcher``:
+    how its ranks are started (``topology.launches``)."""
     spec = FAULTS[key]
     baseline = max(baseline, spec.get("baseline", 0.0))
-    out_dir = Path(out_dir) / f"fault-{key}"
+    out_dir = Path(out_dir) / f"fault-{key}{'' if hooks else '-unmodified'}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"fault": key, "name": spec["name"], "policy": spec["policy"]}
+    result = {"fault": key, "name": spec["name"], "policy": spec["policy"], "hooks": hooks, "launcher": launcher}
     if not os.path.exists(ALERTMANAGER):
         raise procs.TestbedError(f"{ALERTMANAGER} is missing: the testbed alerts a real Alertmanager "
                                  "(Debian package prometheus-alertmanager; make setup installs it)")
     with Testbed(ranks=2) as tb, Alertmanager() as am:
         result["testbed"] = tb.prefix
-        job = tb.start_job(duration=None, **spec.get("job", {}))
+        job = tb.start_job(duration=None, hooks=hooks, launcher=launcher, **spec.get("job", {}))
         policy_dir = out_dir / "policies"
         fill_selectors(POLICY_DIR, policy_dir, fills(tb, job))
         state_dir = out_dir / "state"
         _first_steps(job)
         before = snapshot(tb, job, state_dir)
         sys_root = two_node_sys(out_dir / "sys") if spec.get("two_nodes") else None
-        ctl = ControllerProcess(policy_dir, state_dir, tb.hook_dir, sys_root=sys_root, job=job.name,
-                                alertmanager_url=am.url)
+        ctl = ControllerProcess(policy_dir, state_dir, tb.hook_dir, sys_root=sys_root, alertmanager_url=am.url)
         log(f"[{key}] {spec['name']}: controller starting")
         try:
             result["armed_s"] = round(ctl.start(), 1)

@@ -89,7 +89,7 @@ class Usage:
 class ControllerProcess:
     def __init__(self, policy_dir: Path, state_dir: Path, hook_dir: Path, *, interval: float = 1.0,
                  sys_root: str | None = None, alertmanager_url: str | None = None,
-                 webhook_url: str | None = None, job: str | None = None, log: Path | None = None,
+                 webhook_url: str | None = None, log: Path | None = None,
                  mode: str = "enforce", metrics_addr: str | None = None) -> None:
         self.policy_dir, self.state_dir, self.hook_dir = Path(policy_dir), Path(state_dir), Path(hook_dir)
         self.audit_path = self.state_dir / "audit.jsonl"
@@ -103,8 +103,6 @@ class ControllerProcess:
             argv += ["--webhook-url", webhook_url]
         argv += ["run", "--mode", mode, "--policy", str(self.policy_dir), "--interval", str(interval),
                  "--kill-switch", str(self.state_dir / "disable")]
-        if job:
-            argv += ["--job", job]
         if metrics_addr:
             argv += ["--metrics-addr", metrics_addr]
         self.argv = argv

@@ -11,8 +11,9 @@ The DataLoader is PyTorch's default kind (``--workers`` 2,
 ``--prefetch`` 2, no persistent workers): every ``--epoch-steps`` steps a new
 iterator forks new ``pt_data_worker`` processes.
 
-Framework hooks (``reflexarc.actuators.hooks``, job ``--job``, socket in
-``--hook-dir``): every step reports ``step_time_ms``,
+Framework hooks (``reflexarc.actuators.hooks``, job ``--job`` or the
+launcher's from the environment, socket in ``--hook-dir``; none with
+``--no-hooks``, an unmodified job): every step reports ``step_time_ms``,
 ``dataloader_batch_wait_ms`` and ``step_pre_collective_ms`` (from the batch
 wait to the moment DDP's communication hook receives the gradient bucket) and
 reaches a step boundary. The handler
@@ -39,6 +40,7 @@ over 200 mbit, a few ms of compute, 16 HTTP GETs per rank in the workers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import http.client
 import json
@@ -145,8 +147,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--store", required=True, help="the object store's URL, e.g. http://10.77.1.2:80")
     ap.add_argument("--items", type=int, default=256, help="items in the store")
     ap.add_argument("--item-kb", type=int, default=64)
-    ap.add_argument("--job", default="testbed")
+    ap.add_argument("--job", default=None, help="the job its hooks serve (default: the launcher's job, "
+                                                "from its environment)")
     ap.add_argument("--hook-dir", default=None, help="default: $REFLEXARC_HOOK_DIR or /run/reflexarc/hooks")
+    ap.add_argument("--no-hooks", action="store_true",
+                    help="an unmodified job: serve no framework hooks, report nothing")
     ap.add_argument("--decode-ms", type=float, default=0.0, help="CPU time each item's decode costs a worker")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--epoch-steps", type=int, default=100)
@@ -179,13 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     loss_fn = nn.MSELoss()
     settings = LoaderSettings(args.prefetch, args.workers)
     feed = Feed(args, settings)
-    hooks = Hooks.start(job=args.job, rank=args.rank, hook_dir=args.hook_dir)
-    hooks.handler("dataloader.prefetch", undo=settings.restore, preview=settings.preview)(settings.set)
-    say(event="ready", rank=args.rank, pid=os.getpid(), socket=hooks.path,
+    hooks = None if args.no_hooks else Hooks.start(job=args.job, rank=args.rank, hook_dir=args.hook_dir)
+    if hooks is not None:
+        hooks.handler("dataloader.prefetch", undo=settings.restore, preview=settings.preview)(settings.set)
+    say(event="ready", rank=args.rank, pid=os.getpid(), socket=hooks.path if hooks else None,
         parameters=sum(p.numel() for p in model.parameters()))
     deadline = time.monotonic() + args.duration if args.duration else float("inf")
     step, last = 0, time.perf_counter()
-    with hooks:
+    with hooks or contextlib.nullcontext():
         while True:
             waited = time.perf_counter()
             x = feed.next(step)
@@ -201,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
             now = time.perf_counter()
             step_ms, wait_ms, last = (now - last) * 1000.0, (got - waited) * 1000.0, now
             pre_ms = (entered[0] - waited) * 1000.0
-            hooks.report(step_time_ms=step_ms, dataloader_batch_wait_ms=wait_ms, step_pre_collective_ms=pre_ms,
-                         iteration=step)
-            hooks.step_boundary()
+            if hooks is not None:
+                hooks.report(step_time_ms=step_ms, dataloader_batch_wait_ms=wait_ms, step_pre_collective_ms=pre_ms,
+                             iteration=step)
+                hooks.step_boundary()
             say(event="step", rank=args.rank, step=step, step_ms=round(step_ms, 2), wait_ms=round(wait_ms, 2),
                 pre_collective_ms=round(pre_ms, 2),
                 workers=feed.workers, prefetch=feed.prefetch, loss=round(loss.item(), 6))

@@ -70,10 +70,11 @@ def cgroup_id(path: Path) -> int:
 
 
 def spawn(argv: list[str], *, tag: str, stdout: Path, netns: str | None = None,
-          cgroup: Path | None = None) -> subprocess.Popen:
+          cgroup: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``argv`` as the leader of a new process group, inside ``netns`` and
-    ``cgroup`` when given, tagged with ``tag``; stdout goes to ``stdout``, stderr
-    to the same name + ``.err``."""
+    ``cgroup`` when given, tagged with ``tag``, with ``env`` added to this
+    process's environment; stdout goes to ``stdout``, stderr to the same name +
+    ``.err``."""
     command = (["ip", "netns", "exec", netns] if netns else []) + list(argv)
     procs = str(cgroup / "cgroup.procs") if cgroup is not None else None
 
@@ -87,7 +88,7 @@ def spawn(argv: list[str], *, tag: str, stdout: Path, netns: str | None = None,
     with open(stdout, "ab") as out, open(f"{stdout}.err", "ab") as err:
         try:
             return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, process_group=0,
-                                    env={**os.environ, TAG: tag}, preexec_fn=enter_cgroup if procs else None)
+                                    env={**os.environ, **(env or {}), TAG: tag}, preexec_fn=enter_cgroup if procs else None)
         except subprocess.SubprocessError as exc:     # the cgroup write failed in the child
             raise TestbedError(f"cannot start {argv[0]} in {cgroup}: {exc}") from exc
 

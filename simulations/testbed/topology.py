@@ -44,6 +44,7 @@ SIGTERM (3 s more for one that ignores it).
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -53,6 +54,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+import zlib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -282,11 +285,13 @@ class Testbed:
     # -- running things inside -------------------------------------------------------
 
     def spawn(self, argv: list[str], *, name: str, netns: str | None = None,
-              cgroup: str | None = None) -> subprocess.Popen:
+              cgroup: str | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start a tracked process (ended on ``down``) in ``netns`` and in the cgroup
-        ``<prefix>/<cgroup>``; its stdout goes to ``<workdir>/<name>.log``."""
+        ``<prefix>/<cgroup>``, with ``env`` added to its environment; its stdout
+        goes to ``<workdir>/<name>.log``."""
         cg = procs.make_cgroup(f"{self.cgroup}/{cgroup}") if cgroup else None
-        proc = procs.spawn(argv, tag=self.prefix, stdout=self.workdir / f"{name}.log", netns=netns, cgroup=cg)
+        proc = procs.spawn(argv, tag=self.prefix, stdout=self.workdir / f"{name}.log", netns=netns, cgroup=cg,
+                           env=env)
         self._procs.append(proc)
         return proc
 
@@ -312,27 +317,36 @@ class Testbed:
 
     def start_job(self, *, name: str | None = None, workers: int = 2, prefetch: int = 2, batch: int = 16,
                   epoch_steps: int = EPOCH_STEPS, decode_ms: float = 0.0, steps: int | None = None,
-                  duration: float | None = None, ready_timeout: float = 90.0) -> Job:
+                  duration: float | None = None, ready_timeout: float = 90.0, launcher: str = "torchrun",
+                  hooks: bool = True) -> Job:
         """Start the training job, one process per rank in its namespace and cgroup,
         and wait until every rank is ready; ``steps`` or ``duration`` ends it (none:
-        it runs until ``stop()``)."""
+        it runs until ``stop()``).
+
+        Each rank is launched as ``launcher`` would (``launches``): torchrun's
+        environment with each rank in its own pod-style cgroup (a PyTorchJob's pod
+        per node), or Slurm's with each rank in its job step's cgroup. Nothing
+        names the job to the controller: it finds it. Without ``hooks`` the job
+        is unmodified: it imports nothing of reflexarc's hook library."""
         n = next(self._jobs)
-        name = name or f"{self.prefix}job{n}"
+        rendezvous = f"{self.rank_addr(0)}:{RENDEZVOUS_PORT + n}"
         ranks = []
         for i in range(self.ranks):
-            argv = [sys.executable, "-m", "reflexarc.simulations.testbed.job", "--job", name, "--rank", str(i),
-                    "--world", str(self.ranks), "--master", f"{self.rank_addr(0)}:{RENDEZVOUS_PORT + n}",
+            env, cgroup, label = launches(launcher, name or f"{self.prefix}job{n}", n, i, self.ranks, rendezvous)
+            argv = [sys.executable, "-m", "reflexarc.simulations.testbed.job", "--rank", str(i),
+                    "--world", str(self.ranks), "--master", rendezvous,
                     "--iface", self.rank_iface(i), "--store", self.store_url, "--items", str(self.items),
-                    "--item-kb", str(self.item_kb), "--hook-dir", str(self.hook_dir), "--workers", str(workers),
+                    "--item-kb", str(self.item_kb), "--workers", str(workers),
                     "--prefetch", str(prefetch), "--batch", str(batch), "--epoch-steps", str(epoch_steps),
                     "--decode-ms", str(decode_ms)]
+            argv += ["--hook-dir", str(self.hook_dir)] if hooks else ["--no-hooks"]
             argv += ["--steps", str(steps)] if steps else []
             argv += ["--duration", str(duration)] if duration else []
             log = f"job{n}-r{i}"
-            proc = self.spawn(argv, name=log, netns=self.rank_netns(i), cgroup=f"job{n}/r{i}")
-            cg = f"{self.cgroup}/job{n}/r{i}"
+            proc = self.spawn(argv, name=log, netns=self.rank_netns(i), cgroup=f"job{n}/{cgroup}", env=env)
+            cg = f"{self.cgroup}/job{n}/{cgroup}"
             ranks.append(Rank(i, proc, cg, procs.cgroup_id(procs.cgroup2_root() / cg), self.workdir / f"{log}.log"))
-        job = Job(name, ranks)
+        job = Job(label, ranks)
         self.event(event="job-start", job=name, pids=job.pids)
         try:
             job.wait_ready(ready_timeout)
@@ -340,6 +354,29 @@ class Testbed:
             job.stop(timeout=2.0)
             raise
         return job
+
+def launches(launcher: str, name: str, n: int, rank: int, world: int, rendezvous: str) -> tuple[dict, str, str]:
+    """What ``launcher`` gives rank ``rank`` of job ``name`` (the testbed's ``n``-th):
+    its environment, its cgroup below the job's directory (kubelet's systemd
+    layout for torchrun, one pod per rank; Slurm's step layout for slurm), and
+    the job's name as the node sees it."""
+    addr, port = rendezvous.rsplit(":", 1)
+    if launcher == "torchrun":
+        pod = uuid.UUID(int=(zlib.crc32(name.encode()) << 64) | (n << 16) | rank)
+        container = hashlib.sha256(f"{name}/{rank}".encode()).hexdigest()
+        env = {"TORCHELASTIC_RUN_ID": name, "RANK": str(rank), "LOCAL_RANK": "0", "GROUP_RANK": str(rank),
+               "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": addr, "MASTER_PORT": port,
+               "TORCHELASTIC_RESTART_COUNT": "0"}
+        uid = str(pod).replace("-", "_")
+        return env, (f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/"
+                     f"cri-containerd-{container}.scope"), name
+    if launcher == "slurm":
+        job_id = str(4000 + zlib.crc32(name.encode()) % 100000)
+        env = {"SLURM_JOB_ID": job_id, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0",
+               "SLURM_NTASKS": str(world), "SLURM_NODEID": str(rank)}
+        return env, f"system.slice/slurmstepd.scope/job_{job_id}/step_0/user/task_{rank}", f"slurm-{job_id}"
+    raise ValueError(f"unknown launcher {launcher!r} (torchrun or slurm)")
+
 
 def _named(listing: str, pattern: str) -> list[str]:
     names = (line.split()[0].split("@")[0].rstrip(":") for line in listing.splitlines() if line.strip())

@@ -1,0 +1,166 @@
+/* batch_wait.bpf.c: how long each training process waits for its next batch
+ * from its DataLoader workers, and how often it takes one.
+ * Loader: bpf/batch_wait.py (class BatchWait).
+ *
+ * PyTorch's DataLoader hands batches from its worker processes to the
+ * training process through one multiprocessing.Queue, a pipe: the training
+ * process calls Queue.get(timeout=5), which polls the pipe's read end
+ * (Connection.poll -> selectors.PollSelector -> poll(2); glibc issues the poll
+ * syscall on x86_64, ppoll where the ABI has no poll) and then reads the
+ * message with read(2): a 4-byte length header, then the pickled batch. The
+ * loader finds those read ends in /proc and writes {tgid, fd} into watch_fd
+ * and the tgid into trainers; no kernel structure is read.
+ *
+ *   sys_enter_poll / sys_enter_ppoll: when the current process is a watched
+ *       trainer (one hash lookup: every poll on the node pays it), the pollfd
+ *       array (struct pollfd: user ABI, read with bpf_probe_read_user; the
+ *       first MAX_POLLFDS entries) is searched for a watched fd; the first poll
+ *       of a wait stores wait_start[thread] = {now, fd}. Further polls of the
+ *       same fd (Queue.get's 5 s timeouts, retried by the DataLoader) keep it.
+ *   sys_enter_read with count == 4 on a watched {tgid, fd}: one batch taken
+ *       (reads of any other size return at once, before any lookup; a split
+ *       header is finished by a read of 1-3 bytes, so each message counts
+ *       once). Its wait is now - wait_start of this thread for this fd (0 when
+ *       the thread did not poll it first: the batch was there already); its
+ *       interval is now - last_batch[{tgid, fd}], the previous batch taken
+ *       from the same fd (none for the first). Per trainer, stats[tgid] adds
+ *       the batch, the wait and the interval, and wait_hist[tgid, slot(wait in
+ *       microseconds)] += 1.
+ *   task:task_rename: a task naming itself (prctl) as one of worker_comms
+ *       (pt_data_worker: torch names its workers so) is put in renamed, by
+ *       thread id: the loader drains it each interval and looks for the new
+ *       workers' data queue then, so a new epoch's workers (new pids, a new
+ *       pipe) are followed without scanning /proc every interval.
+ *
+ * The time stamps are bpf_ktime_get_ns (CLOCK_MONOTONIC, as Python's
+ * time.monotonic). The loader reads and deletes stats and wait_hist once per
+ * interval; last_batch and wait_start stay (wait_start and renamed are LRU:
+ * threads that exit mid-wait leave entries behind).
+ *
+ * Histogram slots are log-linear (hist_slot in reflexarc_common.h), HIST_SLOTS
+ * in all.
+ *
+ * cflags: -DMAX_TRAINERS -DMAX_WATCHED -DMAX_THREADS -DMAX_POLLFDS -DHIST_SLOTS
+ *         [-DPOLL_SYSCALL] [-DPPOLL_SYSCALL] [-DRENAME_TRACEPOINT [-DRENAME_HAS_PID]]
+ */
+#include <uapi/linux/ptrace.h>
+#include <linux/signal.h>          /* sigset_t, in the generated args of sys_enter_ppoll */
+
+#include "reflexarc_common.h"
+
+struct watch_key { u32 tgid; u32 fd; };
+struct wait_mark { u64 ts; u32 fd; u32 pad; };
+struct batch_stats { u64 batches; u64 wait_ns; u64 intervals; u64 interval_ns; };
+struct user_pollfd { s32 fd; s16 events; s16 revents; };   /* struct pollfd, <poll.h> */
+struct worker_comm { char comm[16]; };
+
+BPF_HASH(trainers, u32, u8, MAX_TRAINERS);
+BPF_HASH(watch_fd, struct watch_key, u8, MAX_WATCHED);
+BPF_HASH(last_batch, struct watch_key, u64, MAX_WATCHED);
+BPF_TABLE("lru_hash", u64, struct wait_mark, wait_start, MAX_THREADS);
+BPF_HASH(stats, u32, struct batch_stats, MAX_TRAINERS);
+BPF_HASH(wait_hist, struct hist_key, u64, MAX_TRAINERS * 32);
+
+#if defined(POLL_SYSCALL) || defined(PPOLL_SYSCALL)
+static __always_inline int poll_enter(const struct user_pollfd *ufds, u64 nfds)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!trainers.lookup(&tgid))
+        return 0;
+    struct watch_key k = {.tgid = tgid};
+#pragma unroll
+    for (int i = 0; i < MAX_POLLFDS; i++) {
+        if (i >= nfds)
+            break;
+        struct user_pollfd p = {};
+        if (bpf_probe_read_user(&p, sizeof(p), &ufds[i]) != 0)
+            return 0;
+        if (p.fd < 0)
+            continue;
+        k.fd = p.fd;
+        if (!watch_fd.lookup(&k))
+            continue;
+        struct wait_mark *w = wait_start.lookup(&id);
+        if (w && w->fd == k.fd)
+            return 0;                 /* still waiting for the same batch */
+        struct wait_mark m = {.ts = bpf_ktime_get_ns(), .fd = k.fd};
+        wait_start.update(&id, &m);
+        return 0;
+    }
+    return 0;
+}
+#endif
+
+#ifdef POLL_SYSCALL
+int on_poll_enter(struct tracepoint__syscalls__sys_enter_poll *args)
+{
+    return poll_enter((const struct user_pollfd *)args->ufds, args->nfds);
+}
+#endif
+
+#ifdef PPOLL_SYSCALL
+int on_ppoll_enter(struct tracepoint__syscalls__sys_enter_ppoll *args)
+{
+    return poll_enter((const struct user_pollfd *)args->ufds, args->nfds);
+}
+#endif
+
+int on_read_enter(struct tracepoint__syscalls__sys_enter_read *args)
+{
+    if (args->count != 4)
+        return 0;                     /* not a message header */
+    u64 id = bpf_get_current_pid_tgid();
+    struct watch_key k = {.tgid = id >> 32, .fd = (u32)args->fd};
+    if (!watch_fd.lookup(&k))
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    u64 wait = 0;
+    struct wait_mark *w = wait_start.lookup(&id);
+    if (w) {
+        if (w->fd == k.fd && now > w->ts)
+            wait = now - w->ts;
+        wait_start.delete(&id);
+    }
+    struct batch_stats zero = {};
+    struct batch_stats *s = stats.lookup_or_try_init(&k.tgid, &zero);
+    if (!s)
+        return 0;
+    __sync_fetch_and_add(&s->batches, 1);
+    __sync_fetch_and_add(&s->wait_ns, wait);
+    u64 *last = last_batch.lookup(&k);
+    if (last) {
+        u64 prev = *last;
+        *last = now;
+        if (now > prev) {
+            __sync_fetch_and_add(&s->intervals, 1);
+            __sync_fetch_and_add(&s->interval_ns, now - prev);
+        }
+    } else {
+        last_batch.update(&k, &now);
+    }
+    struct hist_key hk = {.id = k.tgid, .slot = hist_slot(wait / 1000)};
+    wait_hist.atomic_increment(hk);
+    return 0;
+}
+
+#ifdef RENAME_TRACEPOINT
+BPF_HASH(worker_comms, struct worker_comm, u8, 8);
+BPF_TABLE("lru_hash", u32, u8, renamed, MAX_TRAINERS * 16);
+
+int on_rename(struct tracepoint__task__task_rename *args)
+{
+    struct worker_comm c = {};
+    bpf_probe_read_kernel_str(&c.comm, sizeof(c.comm), args->newcomm);
+    if (!worker_comms.lookup(&c))
+        return 0;
+#ifdef RENAME_HAS_PID
+    u32 tid = args->pid;              /* the renamed task (a write to /proc/<pid>/comm renames another) */
+#else
+    u32 tid = (u32)bpf_get_current_pid_tgid();   /* kernels whose task_rename has no pid: prctl renames itself */
+#endif
+    u8 one = 1;
+    renamed.update(&tid, &one);
+    return 0;
+}
+#endif

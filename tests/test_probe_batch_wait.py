@@ -1,0 +1,323 @@
+"""batch_wait probe against an unmodified PyTorch training script
+(``workloads/sleepy_trainer.py``: it never imports reflexarc), whose DataLoader
+workers sleep per item, so the loop is starved of batches or not at will. The
+script prints its own step time and batch wait for every step, with the
+monotonic time its batch arrived; the probe's per-interval values are compared
+with the job's steps whose batch arrived in the same interval. Margins are
+loose (±30 %), for a loaded 2-core machine; nothing is timed.
+
+Also: the data queue found in /proc for a real pipe arrangement, the fallback
+order on a fixture tracefs, and processes that must get no signal (a
+DataLoader without workers, a multiprocessing.Queue fed by a plain child).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import ROOT, require_bpf, wait_until
+
+from reflexarc.bpf.batch_wait import BatchWait, data_queue_fds, pipe_ends
+from reflexarc.bpf.probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Selection
+from reflexarc.controller.signals import CATALOGUE
+
+pytestmark = pytest.mark.kernel
+
+WORKLOAD = ROOT / "tests" / "workloads" / "sleepy_trainer.py"
+INTERVAL = 0.5
+WARMUP_S = 1.0          # after the first batch: the workers' first items
+MARGIN = 0.30
+SIGNALS = ("dataloader_batch_wait_ms", "step_time_ms", "dataloader_batches_total")
+
+QUEUE_CONSUMER = r"""
+import multiprocessing as mp, os, sys, time
+
+def produce(q):
+    while True:
+        time.sleep(0.01)
+        q.put(b"x" * 100)
+
+if __name__ == "__main__":
+    q = mp.Queue()
+    mp.Process(target=produce, args=(q,), daemon=True).start()
+    print(os.getpid(), flush=True)
+    end = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < end:
+        q.get(timeout=5)            # poll() then read(4) + read(n), as the DataLoader's data queue
+"""
+
+
+class Job:
+    """A process whose stdout is JSON lines (or a pid line), read by a thread;
+    killed with its whole session at the end."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=str(ROOT),
+                                     start_new_session=True)
+        self.lines: list = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                self.lines.append(json.loads(line))
+            except ValueError:
+                pass
+
+    def pid(self) -> int:
+        def ready():
+            for e in list(self.lines):
+                if isinstance(e, int):
+                    return e
+                if isinstance(e, dict) and e.get("event") == "ready":
+                    return e["pid"]
+            return None
+        return wait_until("the job's first line", ready, timeout=120)
+
+    def events(self, kind: str) -> list[dict]:
+        return [e for e in list(self.lines) if isinstance(e, dict) and e.get("event") == kind]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout=30)
+
+
+def trainer(*args: str, seconds: float) -> Job:
+    return Job([sys.executable, str(WORKLOAD), *args, "--duration", str(seconds)])
+
+
+def observe(probe: BatchWait, job: Job) -> list[tuple[float, float, dict, set, set]]:
+    """Collect every INTERVAL until ``job`` exits: ``(start, end, {signal: value}
+    for the job's pid, its watched fds, every pid with a sample)`` per interval,
+    on the monotonic clock."""
+    pid = job.pid()
+    windows = []
+    last = time.monotonic()
+    probe.collect(time.time())
+    while job.proc.poll() is None:
+        time.sleep(max(0.0, last + INTERVAL - time.monotonic()))
+        now = time.monotonic()
+        samples = probe.collect(time.time())
+        mine = [(n, labels, v) for n, labels, v in samples if labels.get("pid") == str(pid)]
+        for _, labels, _ in mine:
+            assert labels["trainer"] == str(pid) and labels["node"] and labels["job"] == "t-bw", labels
+        windows.append((last, now, {n: v for n, _, v in mine}, probe.watched().get(pid, set()),
+                        {int(labels["pid"]) for _, labels, _ in samples}))
+        last = now
+    job.kill()
+    return windows
+
+
+def compare(job: Job, windows) -> list[dict]:
+    """Per interval with a probe value: the probe's and the job's means over the
+    steps whose batch arrived in it (after the warm-up)."""
+    steps = job.events("step")
+    assert steps, "the job printed no steps"
+    began = steps[0]["got"] + WARMUP_S
+    rows = []
+    for start, end, values, _, _ in windows:
+        inside = [s for s in steps if start < s["got"] <= end and s["step_ms"] is not None]
+        if start < began or len(inside) < 2 or "step_time_ms" not in values:
+            continue
+        rows.append({"job_step": statistics.fmean(s["step_ms"] for s in inside),
+                     "job_wait": statistics.fmean(s["wait_ms"] for s in inside),
+                     "step": values["step_time_ms"], "wait": values["dataloader_batch_wait_ms"]})
+    return rows
+
+
+def means(rows: list[dict]) -> dict[str, float]:
+    return {k: statistics.fmean(r[k] for r in rows) for k in ("job_step", "job_wait", "step", "wait")}
+
+
+def near(value: float, want: float) -> bool:
+    return abs(value - want) <= MARGIN * want
+
+
+@pytest.fixture(scope="module")
+def probe():
+    require_bpf()
+    p = BatchWait(Selection(comms=("pt_data_worker",), job="t-bw"))
+    status = p.start()
+    assert status.state == OK, status
+    yield p
+    p.stop()
+
+
+# --- without BPF ------------------------------------------------------------------------------
+
+def test_signals_are_catalogued_the_same_as_the_hooks_ones():
+    for spec in BatchWait.signals:
+        assert CATALOGUE[spec.name] == spec
+        assert spec.labels == ("node", "job", "rank", "pod", "pid", "trainer")
+    kinds = {s.name: s.kind for s in BatchWait.signals}
+    assert kinds == {"dataloader_batch_wait_ms": "gauge", "step_time_ms": "gauge",
+                     "dataloader_batches_total": "counter"}
+
+
+def test_data_queue_is_a_pipe_both_ends_here_and_its_write_end_in_a_worker(tmp_path):
+    queue_r, queue_w = os.pipe()          # like a multiprocessing.Queue: both ends here, the child writes
+    sentinel_r, sentinel_w = os.pipe()    # like a worker's exit sentinel: only the read end stays here
+    other_r, other_w = os.pipe()          # a pipe of our own the child does not hold
+    child = subprocess.Popen(["sleep", "60"], pass_fds=(queue_w, sentinel_w))
+    os.close(sentinel_w)
+    try:
+        ends = pipe_ends("/proc", child.pid)
+        assert {mode for fd, (_, mode) in ends.items() if fd in (queue_w, sentinel_w)} == {os.O_WRONLY}
+        assert data_queue_fds("/proc", os.getpid(), [child.pid]) == {queue_r}
+        assert data_queue_fds("/proc", os.getpid(), []) == set()
+    finally:
+        child.kill()
+        child.wait()
+        for fd in (queue_r, queue_w, sentinel_r, other_r, other_w):
+            os.close(fd)
+    # a process gone between the scan and the read: nothing, no exception
+    assert pipe_ends("/proc", child.pid) == {}
+    assert data_queue_fds("/proc", child.pid, [child.pid]) == set()
+    assert pipe_ends(str(tmp_path), 1) == {}
+
+
+def fake_tracefs(root, events: dict[str, dict[str, list[str]]]) -> KernelFeatures:
+    for category, names in events.items():
+        for event, fields in names.items():
+            d = root / "events" / category / event
+            d.mkdir(parents=True)
+            lines = [f"\tfield:int {f};\toffset:8;\tsize:4;\tsigned:1;" for f in fields]
+            (d / "format").write_text(f"name: {event}\nformat:\n" + "\n".join(lines) + "\n")
+    return KernelFeatures(tracefs=str(root))
+
+
+def test_fallback_order(tmp_path):
+    read = {"sys_enter_read": ["fd", "count"]}
+    poll, ppoll = {"sys_enter_poll": ["ufds", "nfds"]}, {"sys_enter_ppoll": ["ufds", "nfds"]}
+    rename = {"task": {"task_rename": ["pid", "newcomm"]}}
+    cases = [
+        ({"syscalls": {**read, **poll, **ppoll}, **rename}, OK, ["-DPOLL_SYSCALL", "-DPPOLL_SYSCALL",
+                                                                  "-DRENAME_TRACEPOINT", "-DRENAME_HAS_PID"]),
+        ({"syscalls": {**read, **ppoll}, **rename}, OK, ["-DPPOLL_SYSCALL"]),       # arm64: no poll syscall
+        ({"syscalls": {**read, **poll}, "task": {"task_rename": ["newcomm"]}}, OK, ["-DRENAME_TRACEPOINT"]),
+        ({"syscalls": {**read, **poll}}, DEGRADED, ["-DPOLL_SYSCALL"]),
+        ({"syscalls": read, **rename}, UNSUPPORTED, []),
+        ({"syscalls": {**poll, **ppoll}, **rename}, UNSUPPORTED, []),
+    ]
+    for i, (events, state, flags) in enumerate(cases):
+        probe = BatchWait(features=fake_tracefs(tmp_path / str(i), events))
+        status = probe.choose_attach_points()
+        assert status.state == state, (events, status)
+        if state == UNSUPPORTED:
+            assert status.reason
+            continue
+        assert set(flags) <= set(probe.cflags()), (events, probe.cflags())
+    probe = BatchWait(features=fake_tracefs(tmp_path / "nopid", {"syscalls": {**read, **poll},
+                                                                 "task": {"task_rename": ["newcomm"]}}))
+    probe.choose_attach_points()
+    assert "-DRENAME_HAS_PID" not in probe.cflags() and "-DPPOLL_SYSCALL" not in probe.cflags()
+    probe = BatchWait(features=fake_tracefs(tmp_path / "deg", {"syscalls": {**read, **poll}}))
+    status = probe.choose_attach_points()
+    assert "task_rename" in status.reason
+    assert status.attach_points == ["tracepoint:syscalls:sys_enter_poll", "tracepoint:syscalls:sys_enter_read"]
+
+
+# --- against the training script ------------------------------------------------------------
+
+def test_starved_loader_wait_and_step_time_match_the_jobs_own(probe):
+    """Items of 30 ms, 4 a batch, 2 workers: a batch every ~60 ms, of which the
+    loop waits ~55."""
+    job = trainer("--item-ms", "30", "--step-ms", "5", "--batch", "4", seconds=10)
+    try:
+        windows = observe(probe, job)
+    finally:
+        job.kill()
+    rows = compare(job, windows)
+    assert len(rows) >= 5, windows
+    m = means(rows)
+    print(f"\n{len(rows)} intervals: " + ", ".join(f"{k} {v:.2f} ms" for k, v in m.items()))
+    assert m["job_wait"] > 0.5 * m["job_step"], m          # the job is starved indeed
+    assert near(m["wait"], m["job_wait"]), m
+    assert near(m["step"], m["job_step"]), m
+    totals = [w[2]["dataloader_batches_total"] for w in windows if "dataloader_batches_total" in w[2]]
+    assert totals == sorted(totals) and totals[-1] >= 0.7 * len(job.events("step")) - 20, totals
+
+
+def test_unstarved_loader_waits_about_nothing_and_step_time_still_tracks(probe):
+    """Items take no time, the step 20 ms of 'accelerator' time: the workers
+    stay ahead and the loop hardly waits."""
+    job = trainer("--item-ms", "0", "--step-ms", "20", "--batch", "4", seconds=8)
+    try:
+        windows = observe(probe, job)
+    finally:
+        job.kill()
+    rows = compare(job, windows)
+    assert len(rows) >= 5, windows
+    m = means(rows)
+    print(f"\n{len(rows)} intervals: " + ", ".join(f"{k} {v:.2f} ms" for k, v in m.items()))
+    assert m["wait"] < 0.1 * m["step"], m
+    assert near(m["step"], m["job_step"]), m
+
+
+@pytest.mark.parametrize("mode", ["new-workers", "new-fds", "persistent"])
+def test_new_epochs_keep_being_followed(probe, mode):
+    """Epochs of ~2 s. Without persistent workers each epoch forks new workers
+    (new pids) and makes a new data queue (a new pipe), usually with the old
+    one's fd numbers; ``--shift-fds`` gives each queue new ones, which the
+    probe finds when the new workers name themselves."""
+    extra = {"new-workers": [], "new-fds": ["--shift-fds"], "persistent": ["--persistent"]}[mode]
+    job = trainer("--item-ms", "10", "--step-ms", "5", "--batch", "4", "--epoch-items", "400", *extra,
+                  seconds=12)
+    try:
+        windows = observe(probe, job)
+    finally:
+        job.kill()
+    steps = job.events("step")
+    epochs = steps[-1]["epoch"]
+    assert epochs >= 3, steps[-1]
+    workers = {e["pid"] for e in job.events("worker")}
+    assert len(workers) == (2 if mode == "persistent" else 2 * epochs), workers
+    # every epoch after the first has batches counted in an interval that ends after it began
+    starts = [min(s["got"] for s in steps if s["epoch"] == k) for k in range(2, epochs + 1)]
+    for k, start in enumerate(starts[:-1], 2):
+        end = starts[k - 1]
+        counted = [w for w in windows if start < w[1] <= end and w[2].get("dataloader_batch_wait_ms") is not None]
+        assert counted, f"epoch {k} ({start:.1f}-{end:.1f}) has no interval with batches: {windows}"
+    fd_sets = {frozenset(w[3]) for w in windows if w[3]}
+    if mode == "new-fds":
+        assert len(fd_sets) >= 2, fd_sets
+    rows = compare(job, windows)
+    assert len(rows) >= 5, windows
+    m = means(rows)
+    print(f"\n{len(rows)} intervals: " + ", ".join(f"{k} {v:.2f} ms" for k, v in m.items()))
+    assert near(m["step"], m["job_step"]), m
+    assert near(m["wait"], m["job_wait"]), m
+
+
+def test_processes_without_dataloader_workers_get_no_signal(probe):
+    """A DataLoader without workers (batches made in the training process) and a
+    multiprocessing.Queue fed by a plain child process (the same poll and 4-byte
+    header reads), next to a training script with workers that is seen."""
+    seen = trainer("--item-ms", "20", "--step-ms", "5", seconds=8)
+    no_workers = trainer("--workers", "0", "--item-ms", "5", "--step-ms", "5", seconds=30)
+    consumer = Job([sys.executable, "-c", QUEUE_CONSUMER, "30"])
+    try:
+        pids = (no_workers.pid(), consumer.pid())
+        windows = observe(probe, seen)
+        watched = probe.watched()
+        alive = [job.proc.poll() is None for job in (no_workers, consumer)]
+    finally:
+        for job in (seen, no_workers, consumer):
+            job.kill()
+    assert any("step_time_ms" in w[2] for w in windows), "the script with workers was not seen"
+    assert all(alive), "the processes without workers ended before the one with them"
+    assert not set(pids) & set(watched), watched
+    labelled = set().union(*(w[4] for w in windows))
+    assert seen.pid() in labelled and not set(pids) & labelled, (pids, labelled)
+    assert no_workers.events("step") and len(consumer.lines) == 1
