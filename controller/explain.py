@@ -218,6 +218,11 @@ def _steps(rule: Rule, selector: Selector) -> list[str]:
                 text = (f"if the change cannot be made, it rolls it back; if that check fails, it keeps the change "
                         f"{kept}; either way it then {text}")
         out += _wrap(f"{i + 1}. {text}", 6, 9)
+        if act.actuator == "framework_hook":
+            lacking = ("the step fails and the rule goes on to the next action" if i + 1 < len(steps)
+                       else "the step fails and nothing else is done")
+            out += _wrap(f"(only a training script that serves reflexarc's hooks has this handler; on an "
+                         f"unmodified job {lacking}, and the audit says why)", 9, 9)
         if _changes(act) and rule.verify is not None:
             again = " again" if i else ""
             out.append(" " * 9 + f"it then checks{again} for up to {duration(rule.verify.timeout)} that")

@@ -26,8 +26,8 @@ def require_loop() -> None:
     require(os.path.exists(ALERTMANAGER), f"{ALERTMANAGER} (Debian prometheus-alertmanager)")
 
 
-def loop(key: str, tmp_path: Path) -> dict:
-    result = run_fault(key, tmp_path, baseline=35.0, settle=6.0, log=lambda _text: None)
+def loop(key: str, tmp_path: Path, **options) -> dict:
+    result = run_fault(key, tmp_path, baseline=35.0, settle=6.0, log=lambda _text: None, **options)
     assert residue(result["testbed"]) == [], "the testbed left something behind"
     assert result["state_diff"] == [], "the controller left a change behind:\n" + "\n".join(result["state_diff"])
     assert result["end_summary"]["errors"] == 0

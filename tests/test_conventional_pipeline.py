@@ -34,7 +34,7 @@ def rules(setting: str, episode: int = 0) -> str:
 def test_the_rule_repeats_the_policy_and_promtool_accepts_it(tmp_path):
     require(bool(shutil.which("promtool")), "promtool (Debian prometheus)")
     rule = rule_of(POLICY)
-    assert (rule.for_s, rule.window_s, rule.util_pct, rule.step_factor) == (5.0, 10.0, 20.0, 1.3)
+    assert (rule.for_s, rule.window_s, rule.util_pct, rule.step_factor, rule.job_pct) == (5.0, 10.0, 20.0, 1.3, 5.0)
     assert rule.action == {"dscp": "CS1", "ports": ["443"], "protocol": "tcp"}
     for name, window in (("tightest", "[10s]"), ("production", "[30s]"), ("defaults", "[2m]")):
         path = tmp_path / f"{name}.yml"

@@ -112,14 +112,20 @@ def _wait_for(audit: Path, policy: str, since: float, until: str, timeout: float
 
 
 def run_fault(key: str, out_dir: Path, *, baseline: float = 40.0, settle: float = 20.0, quiet: float = 600.0,
-              timeout: float = 150.0, hooks: bool = True, launcher: str = "torchrun", log=print) -> dict:
+              timeout: float = 150.0, hooks: bool = True, launcher: str = "torchrun", neighbour: bool = False,
+              log=print) -> dict:
     """One fault on a fresh testbed (see the module docstring). ``hooks``: the job
     serves reflexarc's framework hooks and reports its steps through them;
     without, it is unmodified and every signal comes from the node. ``launcher``:
-    how its ranks are started (``topology.launches``)."""
+    how its ranks are started (``topology.launches``). ``neighbour``: a second,
+    unmodified job shares the node (Slurm's environment and cgroups, its own
+    store, one rank in rank 0's namespace: on two cores two full jobs starve
+    each other's loaders); the fault hits the first job only, and
+    ``result["neighbour"]`` says what the controller did about the second: its
+    targets' states and any action on it."""
     spec = FAULTS[key]
     baseline = max(baseline, spec.get("baseline", 0.0))
-    out_dir = Path(out_dir) / f"fault-{key}{'' if hooks else '-unmodified'}"
+    out_dir = Path(out_dir) / f"fault-{key}{'' if hooks else '-unmodified'}{'-neighbour' if neighbour else ''}"
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"fault": key, "name": spec["name"], "policy": spec["policy"], "hooks": hooks, "launcher": launcher}
     if not os.path.exists(ALERTMANAGER):
@@ -128,10 +134,15 @@ def run_fault(key: str, out_dir: Path, *, baseline: float = 40.0, settle: float 
     with Testbed(ranks=2) as tb, Alertmanager() as am:
         result["testbed"] = tb.prefix
         job = tb.start_job(duration=None, hooks=hooks, launcher=launcher, **spec.get("job", {}))
+        # the neighbour: one rank, no collective on the bottleneck, a light loader beside the job's
+        other = (tb.start_job(duration=None, hooks=False, launcher="slurm", store_url=tb.second_store(), ranks=1,
+                              batch=8, compute_ms=150.0) if neighbour else None)
         policy_dir = out_dir / "policies"
         fill_selectors(POLICY_DIR, policy_dir, fills(tb, job))
         state_dir = out_dir / "state"
         _first_steps(job)
+        if other is not None:
+            _first_steps(other)
         before = snapshot(tb, job, state_dir)
         sys_root = two_node_sys(out_dir / "sys") if spec.get("two_nodes") else None
         ctl = ControllerProcess(policy_dir, state_dir, tb.hook_dir, sys_root=sys_root, alertmanager_url=am.url)
@@ -159,10 +170,33 @@ def run_fault(key: str, out_dir: Path, *, baseline: float = 40.0, settle: float 
         result.update(_result(job, t, onset, end, waited, usage, summary, diff(before, after), ctl.audit_path,
                               am, spec))
         (out_dir / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in job.steps()))
+        if other is not None:
+            result["neighbour"] = _neighbour(other, ctl.audit_path, onset, end, waited)
+            other.stop()
+        result["job"] = job.name
         job.stop()
     result["report"] = write_report(ctl.audit_path, out_dir / "report")
     (out_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def _neighbour(other, audit: Path, onset: float, end: float, waited: float) -> dict:
+    """What the controller did about the job the fault did not hit: the states
+    each of its rule targets went through, its actions, and its step times."""
+    states: dict[str, list[str]] = {}
+    actions = []
+    for r in records(audit):
+        target = r.get("target") or ""
+        if other.name not in target:
+            continue
+        if r["kind"] == "transition":
+            states.setdefault(f"{r.get('policy')}/{r.get('rule')}/{target}", []).append(r["to"])
+        elif r["kind"] == "action":
+            actions.append({k: r.get(k) for k in ("ts", "policy", "actuator", "outcome", "target")})
+    evaluated = sorted({f"{r.get('policy')}/{r.get('rule')}/{r.get('target')}" for r in records(audit)
+                        if r["kind"] == "eval" and other.name in (r.get("target") or "")})
+    return {"job": other.name, "targets_evaluated": evaluated, "transitions": states, "actions": actions,
+            "steps_ms": {"baseline": phase(other, onset - waited + 10, onset), "fault": phase(other, onset + 1, end)}}
 
 
 def _mid_epoch(job, epoch_steps: int = EPOCH_STEPS, timeout: float = 60.0) -> float:

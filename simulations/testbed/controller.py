@@ -220,7 +220,7 @@ class Timeline:
                 elif r.get("trigger") == "verify_failed" and t.verify_failed is None:
                     t.verify_failed = r["ts"]
             elif r["kind"] == "action":
-                t.actions.append({k: r.get(k) for k in ("ts", "actuator", "outcome", "error")}
+                t.actions.append({k: r.get(k) for k in ("ts", "actuator", "outcome", "error", "target")}
                                  | {"summary": (r.get("change") or {}).get("summary")})
                 if r["outcome"] == "applied" and t.applied is None:
                     t.applied = r["ts"]

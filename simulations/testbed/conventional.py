@@ -105,22 +105,25 @@ class Rule:
     util_pct: float
     step_factor: float
     action: dict = field(hash=False)
+    job_pct: float = 0.0     # the share of the link the job's own traffic must exceed
 
 
 def rule_of(policy_file: Path, policy: str = "nccl-congestion-dscp") -> Rule:
     """The shipped policy's first rule: its ``for``, its window, the share of the
-    link other traffic must exceed, the step-time factor, and its DSCP action's
-    parameters. ValueError when the file no longer has that shape."""
+    link other traffic must exceed (and the job's own, when it says so), the
+    step-time factor, and its DSCP action's parameters. ValueError when the file
+    no longer has that shape."""
     doc = yaml.safe_load(Path(policy_file).read_text())
     rule = next(p for p in doc["policies"] if p["name"] == policy)["rules"][0]
-    conds = {c["signal"]: c for c in rule["when"]["all"]}
-    util, step = conds.get("link_utilization_pct"), conds.get("step_time_ms")
+    conds = {(c["signal"], (c.get("match") or {}).get("traffic")): c for c in rule["when"]["all"]}
+    util, step = conds.get(("link_utilization_pct", "other")), conds.get(("step_time_ms", None))
+    own = conds.get(("link_utilization_pct", "job"))
     if not (util and step and util["window"] == step["window"] and str(step["threshold"]).endswith("x baseline")):
         raise ValueError(f"{policy_file}: {policy}'s rule is no longer 'link share and step time over one "
                          "window'; the PromQL rule must be written again")
     action = next(a for a in rule["actions"] if a["actuator"] == "dscp")["params"]
     return Rule(policy, parse_duration(rule["for"]), parse_duration(util["window"]), float(util["threshold"]),
-                float(str(step["threshold"]).split("x")[0]), action)
+                float(str(step["threshold"]).split("x")[0]), action, float(own["threshold"]) if own else 0.0)
 
 
 def rules_yaml(rule: Rule, setting: Setting, *, iface: str, netns: str, job: str, base_step_s: float,
@@ -131,8 +134,10 @@ def rules_yaml(rule: Rule, setting: Setting, *, iface: str, netns: str, job: str
     util = (f'max(max_over_time(reflexarc_link_utilization_ratio{{iface="{iface}",netns="{netns}",'
             f'traffic="other"}}[{w}])) > {rule.util_pct / 100:g}')
     step = f'max(max_over_time(reflexarc_step_time_seconds{{job="{job}"}}[{w}])) > {rule.step_factor * base_step_s:.4f}'
+    own = (f'\n  and on() max(max_over_time(reflexarc_link_utilization_ratio{{iface="{iface}",netns="{netns}",'
+           f'job="{job}",traffic="job"}}[{w}])) > {rule.job_pct / 100:g}') if rule.job_pct else ""
     return yaml.safe_dump({"groups": [{"name": "reflexarc-conventional", "interval": _go(setting.eval_s), "rules": [
-        {"alert": ALERT, "expr": f"{util}\n  and on() {step}", "for": _go(rule.for_s),
+        {"alert": ALERT, "expr": f"{util}\n  and on() {step}{own}", "for": _go(rule.for_s),
          "labels": {"severity": "warning", "episode": str(episode)},
          "annotations": {"summary": "bulk traffic competes with the collectives: demote it to DSCP CS1"}}]}]},
         sort_keys=False)

@@ -153,6 +153,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-hooks", action="store_true",
                     help="an unmodified job: serve no framework hooks, report nothing")
     ap.add_argument("--decode-ms", type=float, default=0.0, help="CPU time each item's decode costs a worker")
+    ap.add_argument("--compute-ms", type=float, default=0.0,
+                    help="time each step spends off the CPU after its update, standing in for an accelerator's "
+                         "kernels (a job without a collective is otherwise bound by its loader)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--epoch-steps", type=int, default=100)
     ap.add_argument("--workers", type=int, default=2)
@@ -200,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             loss = loss_fn(model(x), x)
             loss.backward()                   # DDP all-reduces the gradients here
             opt.step()
+            if args.compute_ms:
+                time.sleep(args.compute_ms / 1000.0)
             step += 1
             want = (args.steps is not None and step >= args.steps) or time.monotonic() >= deadline or stopping.is_set()
             stop = torch.tensor([float(want)])

@@ -256,18 +256,28 @@ class Testbed:
         if gateway:
             procs.run("ip", "-n", ns, "route", "add", "default", "via", gateway)
 
-    def _start_store(self, timeout: float = 30.0) -> None:
+    def second_store(self) -> str:
+        """Start another object store beside the first (same items, its own port
+        and its own modes: a fault on one store leaves the other's jobs alone);
+        returns its URL."""
+        self._start_store(port=STORE_PORT + 1, sink=SINK_PORT + 1, socket=str(self.workdir / "store2.sock"),
+                          name="store2")
+        return f"http://{self.store_addr}:{STORE_PORT + 1}"
+
+    def _start_store(self, timeout: float = 30.0, *, port: int = STORE_PORT, sink: int = SINK_PORT,
+                     socket: str | None = None, name: str = "store") -> None:
+        socket = socket or self.store_control
         proc = self.spawn([sys.executable, "-m", "reflexarc.simulations.testbed.store", "--dir",
-                           str(self.workdir / "data"), "--addr", self.store_addr, "--port", str(STORE_PORT),
-                           "--sink-port", str(SINK_PORT), "--control", self.store_control,
+                           str(self.workdir / "data"), "--addr", self.store_addr, "--port", str(port),
+                           "--sink-port", str(sink), "--control", socket,
                            "--items", str(self.items), "--item-kb", str(self.item_kb)],
-                          name="store", netns=self.store_netns, cgroup="store")
+                          name=name, netns=self.store_netns, cgroup=name)
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                raise TestbedError(f"the store exited ({proc.returncode}): {self.log_tail('store')}")
+                raise TestbedError(f"the store exited ({proc.returncode}): {self.log_tail(name)}")
             try:
-                control(self.store_control)
+                control(socket)
                 return
             except (OSError, ValueError):
                 if time.monotonic() > deadline:
@@ -318,10 +328,12 @@ class Testbed:
     def start_job(self, *, name: str | None = None, workers: int = 2, prefetch: int = 2, batch: int = 16,
                   epoch_steps: int = EPOCH_STEPS, decode_ms: float = 0.0, steps: int | None = None,
                   duration: float | None = None, ready_timeout: float = 90.0, launcher: str = "torchrun",
-                  hooks: bool = True) -> Job:
+                  hooks: bool = True, store_url: str | None = None, ranks: int | None = None,
+                  compute_ms: float = 0.0) -> Job:
         """Start the training job, one process per rank in its namespace and cgroup,
         and wait until every rank is ready; ``steps`` or ``duration`` ends it (none:
-        it runs until ``stop()``).
+        it runs until ``stop()``). ``ranks``: fewer ranks than the testbed has (the
+        first ones' namespaces).
 
         Each rank is launched as ``launcher`` would (``launches``): torchrun's
         environment with each rank in its own pod-style cgroup (a PyTorchJob's pod
@@ -330,15 +342,17 @@ class Testbed:
         is unmodified: it imports nothing of reflexarc's hook library."""
         n = next(self._jobs)
         rendezvous = f"{self.rank_addr(0)}:{RENDEZVOUS_PORT + n}"
+        world = ranks or self.ranks
         ranks = []
-        for i in range(self.ranks):
-            env, cgroup, label = launches(launcher, name or f"{self.prefix}job{n}", n, i, self.ranks, rendezvous)
+        for i in range(world):
+            env, cgroup, label = launches(launcher, name or f"{self.prefix}job{n}", n, i, world, rendezvous)
             argv = [sys.executable, "-m", "reflexarc.simulations.testbed.job", "--rank", str(i),
-                    "--world", str(self.ranks), "--master", rendezvous,
-                    "--iface", self.rank_iface(i), "--store", self.store_url, "--items", str(self.items),
+                    "--world", str(world), "--master", rendezvous,
+                    "--iface", self.rank_iface(i), "--store", store_url or self.store_url,
+                    "--items", str(self.items),
                     "--item-kb", str(self.item_kb), "--workers", str(workers),
                     "--prefetch", str(prefetch), "--batch", str(batch), "--epoch-steps", str(epoch_steps),
-                    "--decode-ms", str(decode_ms)]
+                    "--decode-ms", str(decode_ms), "--compute-ms", str(compute_ms)]
             argv += ["--hook-dir", str(self.hook_dir)] if hooks else ["--no-hooks"]
             argv += ["--steps", str(steps)] if steps else []
             argv += ["--duration", str(duration)] if duration else []
