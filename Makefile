@@ -41,7 +41,8 @@ bench: setup
 	$(PY) bench/engine.py
 	$(PY) bench/churn.py
 	$(PY) bench/probe_overhead.py
-	$(PY) -m reflexarc.simulations.testbed loop --out out/closed-loop --results bench/results/closed_loop.json
+	$(PY) -m reflexarc.simulations.testbed loop --also-unmodified --two-jobs --out out/closed-loop \
+		--results bench/results/closed_loop.json
 	$(PY) bench/reaction.py
 	$(PY) bench/cost_table.py --out bench/results/cost_table.md
 

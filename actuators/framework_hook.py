@@ -439,7 +439,8 @@ class FrameworkHookActuator(Actuator):
         boundary = checked.get("at_step_boundary", self.spec.param("at_step_boundary").default)
         endpoints = self.endpoints(target)
         if not endpoints:
-            raise PermanentActuatorError(f"no hook socket for {target.key()} in {self.hook_dir}")
+            raise PermanentActuatorError(f"no hook socket for {target.key()} in {self.hook_dir}: the job serves no "
+                                         "framework hooks (an unmodified job; docs/hooks.md)")
         before, after, undo = [], [], True
         for ep in endpoints:
             reply = described(HookClient(ep, self.procfs).request("describe", timeout, handler=handler, args=args),

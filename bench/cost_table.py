@@ -52,8 +52,8 @@ WRITERS = {   # the `make bench` step that writes each file
     ENGINE: ".venv/bin/python bench/engine.py",
     CHURN: ".venv/bin/python bench/churn.py",
     PROBE: ".venv/bin/python bench/probe_overhead.py",
-    CLOSED: ".venv/bin/python -m reflexarc.simulations.testbed loop --out out/closed-loop "
-            "--results bench/results/closed_loop.json",
+    CLOSED: ".venv/bin/python -m reflexarc.simulations.testbed loop --also-unmodified --two-jobs "
+            "--out out/closed-loop --results bench/results/closed_loop.json",
     REACTION: ".venv/bin/python bench/reaction.py",
 }
 PIPELINES = ("tightest", "production", "defaults")   # reaction.json's Prometheus + Alertmanager settings

@@ -186,9 +186,21 @@ def _node_findings(args, policies, override: str | None = None, promql=None):
     from reflexarc.core.devices import Devices
     from .producers import NodeFacts
     from .readiness import findings
-    facts = NodeFacts(Devices(sys_root=args.sys_root), promql=promql.signals if promql else False)
+    facts = NodeFacts(Devices(sys_root=args.sys_root), promql=promql.signals if promql else False,
+                      jobs=_running_jobs(args.proc_root))
     receiver = bool(args.alertmanager_url or args.webhook_url)
     return facts, findings(policies, facts, receiver, override, strict=getattr(args, "strict", False))
+
+
+def _running_jobs(proc_root: str) -> tuple[str, ...] | None:
+    """The jobs discovery finds on this node now; None without root, which
+    cannot read other users' processes (so cannot say a job is absent)."""
+    if os.geteuid() != 0:
+        return None
+    from reflexarc.core.jobs import Discovery
+    discovery = Discovery(proc_root)
+    discovery.refresh()
+    return tuple(j.name for j in discovery.jobs() if j.name)
 
 
 def _journal(args, clock=None):

@@ -61,10 +61,11 @@ class NodeFacts:
     (``promql_config.PromqlConfig.signals``); True for a source of any signal."""
 
     def __init__(self, devices: Devices | None = None, features: KernelFeatures | None = None,
-                 promql: bool | frozenset[str] = False) -> None:
+                 promql: bool | frozenset[str] = False, jobs: tuple[str, ...] | None = None) -> None:
         self.devices = devices or Devices()
         self.features = features or KernelFeatures()
         self.promql = promql
+        self.jobs = jobs      # the jobs running on the node now (core.jobs), None when not looked at
         self._cache: dict[Producer, str | None] = {}
 
     def why_not(self, producer: Producer, signal: str = "") -> str | None:

@@ -20,10 +20,15 @@ Overhead: see ``producers.py``; a walk over the policies' conditions.
 """
 from __future__ import annotations
 
+import fnmatch
+import os
+
 from .evaluate import conditions_of
 from .policy.diagnostics import Diagnostic
 from .policy.model import Loc, Policy
 from .producers import NodeFacts, why_unproduced
+
+NETNS_DIR = "/run/netns"            # where ip netns keeps the named namespaces
 
 NOTE, WARNING, ERROR = "note", "warning", "error"
 
@@ -57,11 +62,47 @@ def findings(policies: list[Policy], facts: NodeFacts, receiver: bool, mode_over
                 if reason:
                     out.append(_at(cond.loc or rule.loc, severity,
                                    f"signal '{cond.signal}' has no producer on this node: {reason}"))
+        for missing in _places_missing(policy, facts):
+            out.append(_at(policy.selector.loc or policy.loc, severity, f"policy {policy.name}: {missing}"))
+        unseen = _jobs_not_running(policy, facts.jobs)
+        if unseen:
+            out.append(_at(policy.selector.loc or policy.loc, NOTE,
+                           f"policy {policy.name} names {unseen}, and no such job runs on this node now "
+                           f"(running: {', '.join(facts.jobs) or 'none'}; reflexarc jobs lists them): it "
+                           f"reads nothing until one starts"))
         mode = mode_override or policy.mode
         if not receiver and sends_alerts(policy, mode):
             out.append(_at(policy.loc, severity, f"policy {policy.name} ({mode}) sends alerts, but no alert "
                                                  "receiver is configured: give --alertmanager-url or --webhook-url"))
     return sorted(set(out))
+
+
+def _places_missing(policy: Policy, facts: NodeFacts) -> list[str]:
+    """The selector's network namespace, or its interfaces in the controller's
+    own namespace, that do not exist here (interfaces inside another namespace
+    are checked when the probe attaches there)."""
+    s = policy.selector
+    if s.netns:
+        path = s.netns if s.netns.startswith("/") else os.path.join(NETNS_DIR, s.netns)
+        return [] if os.path.exists(path) else [f"network namespace {s.netns} does not exist (no {path})"]
+    net = os.path.join(facts.devices.sys_root, "class", "net")
+    gone = [i for i in s.interfaces if not os.path.exists(os.path.join(net, i))]
+    return [f"no interface {', '.join(gone)} on this node (nothing in {net}); set the selector's interfaces"] \
+        if gone else []
+
+
+def _jobs_not_running(policy: Policy, jobs: tuple[str, ...] | None) -> str:
+    """The job names or globs of the policy's selector that no running job
+    matches, in words; "" when all match or the jobs were not looked at."""
+    if jobs is None:
+        return ""
+    s = policy.selector
+    wanted = list(s.jobs)
+    job_match = s.match.get("job")
+    if job_match and not job_match.startswith(("~", "!")):
+        wanted.append(job_match)
+    missing = [w for w in wanted if not any(fnmatch.fnmatchcase(j, w) for j in jobs)]
+    return ", ".join(f"job '{w}'" for w in missing)
 
 
 def _at(loc: Loc | None, severity: str, message: str) -> Diagnostic:

@@ -49,7 +49,8 @@ def test_the_rule_repeats_the_policy_and_promtool_accepts_it(tmp_path):
 
 def test_a_policy_of_another_shape_is_refused_in_words(tmp_path):
     doc = yaml.safe_load(POLICY.read_text())
-    doc["policies"][0]["rules"][0]["when"]["all"][1]["window"] = "30s"
+    step = next(c for c in doc["policies"][0]["rules"][0]["when"]["all"] if c["signal"] == "step_time_ms")
+    step["window"] = "30s"
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(ValueError, match="must be written again"):
         rule_of(tmp_path / "p.yaml")
@@ -91,7 +92,8 @@ def test_a_failing_script_is_recorded_not_applied():
 class _Exporter:
     """A static exporter of the two signals the rule reads, the bulk flow taking the link."""
 
-    TEXT = ('reflexarc_link_utilization_ratio{iface="rxe0",netns="rxr0",traffic="other"} 0.6\n'
+    TEXT = ('reflexarc_link_utilization_ratio{iface="rxe0",job="tb",netns="rxr0",traffic="other"} 0.6\n'
+            'reflexarc_link_utilization_ratio{iface="rxe0",job="tb",netns="rxr0",traffic="job"} 0.35\n'
             'reflexarc_step_time_seconds{job="tb",rank="0"} 0.43\n')
 
     def __enter__(self):

@@ -382,3 +382,46 @@ def test_no_byte_of_an_environment_beyond_the_launchers_keys_leaves_the_controll
             texts[str(path)] = path.read_bytes().decode(errors="replace")
     leaked = [where for where, text in texts.items() if SECRET in text]
     assert not leaked, f"the planted secret shows in {leaked}"
+
+
+def test_validate_says_when_a_policy_names_a_job_no_process_runs(two_jobs, tmp_path):
+    uid, _ = two_jobs
+    policy = tmp_path / "p.yaml"
+    rule = ("    rules:\n      - name: slow\n        when: {signal: step_time_ms, agg: max, window: 10s, op: \">\", "
+            "threshold: 100}\n        actions: [{actuator: log}]\n        rollback: {on: [clear]}\n")
+    rx = str(Path(sys.executable).parent / "reflexarc")
+    for selector, note in (("{jobs: [\"llama-*\"]}", False), ("{match: {job: slurm-4242}}", False),
+                           ("{jobs: [\"gpt-*\"]}", True), ("{match: {job: llama}}", True)):
+        policy.write_text(f"policies:\n  - name: p\n    selector: {selector}\n{rule}")
+        out = subprocess.run([rx, "validate", str(policy)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert ("no such job runs on this node now" in out.stdout + out.stderr) == note, (selector, out.stdout)
+
+
+def test_a_label_value_no_source_gives_is_a_warning(tmp_path):
+    from reflexarc.controller.policy.loader import validate_paths
+    policy = tmp_path / "q.yaml"
+    policy.write_text("policies:\n  - name: q\n    rules:\n      - name: r\n        when: {signal: "
+                      "dataloader_read_latency_us, match: {quantile: \"p99\"}, agg: max, window: 10s, op: \">\", "
+                      "threshold: 100}\n        actions: [{actuator: log}]\n        rollback: {on: [clear]}\n")
+    _, diags = validate_paths([str(policy)])
+    assert [(d.line, d.col, d.severity) for d in diags] == [(5, 70, "warning")]
+    assert "quantile 'p99'" in diags[0].message and "did you mean '0.99'" in diags[0].message
+    from reflexarc.bpf.loghist import QUANTILES
+    from reflexarc.core.signals import LABEL_VALUES
+    assert tuple(str(q) for q in QUANTILES) == LABEL_VALUES["quantile"], "the probes give what the loader knows"
+
+
+def test_validate_names_an_interface_or_namespace_that_does_not_exist(tmp_path):
+    rx = str(Path(sys.executable).parent / "reflexarc")
+    rule = ("    rules:\n      - name: r\n        when: {signal: link_utilization_pct, match: {traffic: other}, "
+            "agg: max, window: 10s, op: \">\", threshold: 20}\n        actions: [{actuator: log}]\n"
+            "        rollback: {on: [clear]}\n")
+    policy = tmp_path / "p.yaml"
+    for selector, words in (("{interfaces: [rxnosuch0]}", "no interface rxnosuch0 on this node"),
+                            ("{interfaces: [eth0], netns: rxnosuchns}", "network namespace rxnosuchns does not exist")):
+        policy.write_text(f"policies:\n  - name: p\n    selector: {selector}\n{rule}")
+        loose = subprocess.run([rx, "validate", str(policy)], capture_output=True, text=True)
+        strict = subprocess.run([rx, "validate", "--strict", str(policy)], capture_output=True, text=True)
+        assert loose.returncode == 0 and words in loose.stdout + loose.stderr, loose
+        assert strict.returncode == 1 and words in strict.stdout + strict.stderr, strict

@@ -40,6 +40,7 @@ from reflexarc.core.params import ActuatorSpec, ParamError, ParamSpec, convert
 from reflexarc.core.ports import EXAMPLE as PORT_EXAMPLE, port_range
 from reflexarc.core.procfs import TASK_COMM_LEN
 from reflexarc.core.rates import RateError, parse_rate
+from reflexarc.core.signals import LABEL_VALUES
 
 from ..input_files import InputFileError, open_regular
 from ..producers import PROMQL, REQUIREMENTS
@@ -526,6 +527,12 @@ class _FileReader:
                 except re.error as exc:
                     self.error(value_node, f"bad regular expression '{text[1:]}' for label '{label}': {exc}")
                     continue
+            elif not text.startswith("!") and label in LABEL_VALUES and text not in LABEL_VALUES[label]:
+                known = LABEL_VALUES[label]
+                hint = {"p50": "0.5", "p99": "0.99"}.get(text) or suggest(text, known)
+                self.warn(value_node, f"no source on this node gives {label} '{text}' (they give "
+                                      f"{', '.join(known)}), so this matches nothing"
+                                      + (f"; did you mean '{hint}'?" if hint else ""))
             out[label] = (text, key_node)
         return out
 

@@ -80,8 +80,16 @@ def parser() -> Parser:
     loop.add_argument("--results", help="also write the results to this JSON file")
     loop.add_argument("--baseline", type=_seconds, default=40.0, help="seconds before the fault")
     loop.add_argument("--quiet", type=_seconds, default=600.0, help="seconds of the no-fault run (e)")
-    loop.add_argument("--no-hooks", action="store_true",
-                      help="an unmodified job: no framework hooks; every signal comes from the node")
+    hooks = loop.add_mutually_exclusive_group()
+    hooks.add_argument("--no-hooks", action="store_true",
+                       help="an unmodified job: no framework hooks; every signal comes from the node")
+    hooks.add_argument("--also-unmodified", action="store_true",
+                       help="run each fault twice: on a job that serves the hooks, then on an unmodified one")
+    loop.add_argument("--two-jobs", action="store_true",
+                      help="also run fault b with an unmodified neighbour job on the node (Slurm-launched, its "
+                           "own store): only the faulty job may be acted on")
+    loop.add_argument("--merge", action="store_true",
+                      help="keep the rows of --results that this run does not measure again")
     loop.add_argument("--launcher", choices=("torchrun", "slurm"), default="torchrun",
                       help="how the job's ranks are launched: the environment and cgroups they get")
     return ap
@@ -155,10 +163,20 @@ def _loop(args: argparse.Namespace) -> None:
     unknown = [k for k in keys if k not in FAULTS]
     if unknown or not keys:
         raise TestbedError(f"unknown fault(s) {', '.join(unknown) or '(none)'}; known: {', '.join(FAULTS)}")
-    results = [run_fault(k, Path(args.out), baseline=args.baseline, quiet=args.quiet, hooks=not args.no_hooks,
-                         launcher=args.launcher, log=lambda text: print(text, file=sys.stderr, flush=True))
-               for k in keys]
-    doc = {"machine": machine(), "faults": results}
+    variants = [(k, hooks, False) for k in keys
+                for hooks in ((False,) if args.no_hooks else (True, False) if args.also_unmodified else (True,))]
+    variants += [("b", True, True)] if args.two_jobs else []
+    results = [run_fault(k, Path(args.out), baseline=args.baseline, quiet=args.quiet, hooks=hooks,
+                         neighbour=neighbour, launcher=args.launcher,
+                         log=lambda text: print(text, file=sys.stderr, flush=True))
+               for k, hooks, neighbour in variants]
+    rows = results
+    if args.results and args.merge and Path(args.results).exists():
+        def key(r: dict) -> tuple:
+            return r["fault"], r.get("hooks", True), "neighbour" in r
+        fresh = {key(r) for r in results}
+        rows = [r for r in json.loads(Path(args.results).read_text())["faults"] if key(r) not in fresh] + results
+    doc = {"machine": machine(), "faults": rows}
     if args.results:
         Path(args.results).parent.mkdir(parents=True, exist_ok=True)
         Path(args.results).write_text(json.dumps(doc, indent=1) + "\n")

@@ -274,7 +274,8 @@ def format_table(results: list[dict]) -> str:
 
     head = ("fault", "baseline ms", "fault ms", "remediated ms", "detected s", "applied s", "verified s",
             "rolled back s", "alerted s", "ctl CPU %", "ctl RSS MB", "state diff")
-    rows = [head] + [(f"{r['fault']} {r['name']}", ms(r, "baseline"), ms(r, "fault"), ms(r, "remediated"),
+    rows = [head] + [(f"{r['fault']} {r['name']}{'' if r.get('hooks', True) else ', unmodified job'}"
+                      f"{', beside a second job' if 'neighbour' in r else ''}", ms(r, "baseline"), ms(r, "fault"), ms(r, "remediated"),
                       sec(r, "pending"), sec(r, "applied"), sec(r, "verified"), sec(r, "rolled_back"),
                       sec(r, "alerted"), f"{r['controller']['cpu_pct']:.1f}", f"{r['controller']['rss_mb']:.0f}",
                       str(len(r["state_diff"])) + " lines") for r in results]

@@ -131,7 +131,7 @@ def rules_yaml(rule: Rule, setting: Setting, *, iface: str, netns: str, job: str
     """The alerting rule file for one setting (its evaluation interval, its window)
     and one episode."""
     w = _go(setting.window_s(rule.window_s))
-    util = (f'max(max_over_time(reflexarc_link_utilization_ratio{{iface="{iface}",netns="{netns}",'
+    util = (f'max(max_over_time(reflexarc_link_utilization_ratio{{iface="{iface}",netns="{netns}",job="{job}",'
             f'traffic="other"}}[{w}])) > {rule.util_pct / 100:g}')
     step = f'max(max_over_time(reflexarc_step_time_seconds{{job="{job}"}}[{w}])) > {rule.step_factor * base_step_s:.4f}'
     own = (f'\n  and on() max(max_over_time(reflexarc_link_utilization_ratio{{iface="{iface}",netns="{netns}",'
