@@ -18,10 +18,8 @@ from reflexarc.core.jobs import Job
 NOT_FOUND = "(no job found)"
 
 
-def _where(rank: dict, job: Job) -> str:
-    if job.pods:
-        return "pod " + ",".join(job.pods)
-    return ",".join(job.cgroups) or "-"
+def _where(rank: dict) -> str:
+    return f"pod {rank['pod']}" if rank["pod"] else rank["cgroup"] or "-"
 
 
 def format_jobs(jobs: list[Job], skipped: Mapping[str, int]) -> str:
@@ -30,7 +28,7 @@ def format_jobs(jobs: list[Job], skipped: Mapping[str, int]) -> str:
         for r in job.as_dict()["ranks"]:
             shown = lambda v: "-" if v is None else str(v)    # noqa: E731
             rows.append((job.name or NOT_FOUND, shown(r["rank"]), shown(r["local_rank"]), shown(r["world_size"]),
-                         str(r["pid"]), str(len(r["processes"])), r["launcher"] or "-", _where(r, job)))
+                         str(r["pid"]), str(len(r["processes"])), r["launcher"] or "-", _where(r)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     if len(rows) == 1:

@@ -131,7 +131,8 @@ class Job:
         return {"job": self.name, "pods": self.pods, "cgroups": self.cgroups, "evidence": self.evidence,
                 "ranks": [{"rank": t.identity.rank, "local_rank": t.identity.local_rank,
                            "world_size": t.identity.world_size, "launcher": t.identity.launcher,
-                           "pid": t.pid, "processes": sorted(t.processes),
+                           "pid": t.pid, "processes": sorted(t.processes), "pod": t.identity.pod,
+                           "cgroup": t.identity.cgroup,
                            **({"container": t.identity.container} if t.identity.container else {}),
                            **({"slurm_step": t.identity.slurm_step} if t.identity.slurm_step else {})}
                           for t in sorted(self.trainers, key=lambda t: (t.rank is None, t.rank or 0, t.pid))]}

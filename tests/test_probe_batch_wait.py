@@ -230,10 +230,10 @@ def test_fallback_order(tmp_path):
 
 # --- against the training script ------------------------------------------------------------
 
-def test_starved_loader_wait_and_step_time_match_the_jobs_own(probe):
-    """Items of 30 ms, 4 a batch, 2 workers: a batch every ~60 ms, of which the
-    loop waits ~55."""
-    job = trainer("--item-ms", "30", "--step-ms", "5", "--batch", "4", seconds=10)
+def measured(probe, *args: str, seconds: float):
+    """Run the workload with ``args`` under the probe: the job, the probe's
+    windows, and the means of the intervals both saw."""
+    job = trainer(*args, seconds=seconds)
     try:
         windows = observe(probe, job)
     finally:
@@ -242,6 +242,13 @@ def test_starved_loader_wait_and_step_time_match_the_jobs_own(probe):
     assert len(rows) >= 5, windows
     m = means(rows)
     print(f"\n{len(rows)} intervals: " + ", ".join(f"{k} {v:.2f} ms" for k, v in m.items()))
+    return job, windows, m
+
+
+def test_starved_loader_wait_and_step_time_match_the_jobs_own(probe):
+    """Items of 30 ms, 4 a batch, 2 workers: a batch every ~60 ms, of which the
+    loop waits ~55."""
+    job, windows, m = measured(probe, "--item-ms", "30", "--step-ms", "5", "--batch", "4", seconds=10)
     assert m["job_wait"] > 0.5 * m["job_step"], m          # the job is starved indeed
     assert near(m["wait"], m["job_wait"]), m
     assert near(m["step"], m["job_step"]), m
@@ -252,15 +259,7 @@ def test_starved_loader_wait_and_step_time_match_the_jobs_own(probe):
 def test_unstarved_loader_waits_about_nothing_and_step_time_still_tracks(probe):
     """Items take no time, the step 20 ms of 'accelerator' time: the workers
     stay ahead and the loop hardly waits."""
-    job = trainer("--item-ms", "0", "--step-ms", "20", "--batch", "4", seconds=8)
-    try:
-        windows = observe(probe, job)
-    finally:
-        job.kill()
-    rows = compare(job, windows)
-    assert len(rows) >= 5, windows
-    m = means(rows)
-    print(f"\n{len(rows)} intervals: " + ", ".join(f"{k} {v:.2f} ms" for k, v in m.items()))
+    _, _, m = measured(probe, "--item-ms", "0", "--step-ms", "20", "--batch", "4", seconds=8)
     assert m["wait"] < 0.1 * m["step"], m
     assert near(m["step"], m["job_step"]), m
 
