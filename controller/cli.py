@@ -180,14 +180,16 @@ def _promql(args):
     return load_checked(getattr(args, "promql_config", None))
 
 
-def _node_findings(args, policies, override: str | None = None, promql=None):
+def _node_findings(args, policies, override: str | None = None, promql=None, jobs: bool = True):
     """What keeps the policies from working on this node (``readiness.py``);
-    ``promql``: the PromQL source's configuration, if one is given."""
+    ``promql``: the PromQL source's configuration, if one is given; ``jobs``:
+    also say which jobs the policies name run nowhere here (not for ``run``,
+    where jobs start and stop while it runs)."""
     from reflexarc.core.devices import Devices
     from .producers import NodeFacts
     from .readiness import findings
     facts = NodeFacts(Devices(sys_root=args.sys_root), promql=promql.signals if promql else False,
-                      jobs=_running_jobs(args.proc_root))
+                      jobs=_running_jobs(args.proc_root) if jobs else None)
     receiver = bool(args.alertmanager_url or args.webhook_url)
     return facts, findings(policies, facts, receiver, override, strict=getattr(args, "strict", False))
 
@@ -372,7 +374,7 @@ def cmd_run(args) -> int:
         print(finding, file=sys.stderr)
     if any(d.is_error for d in promql.diagnostics):
         raise CliError(f"{sum(d.is_error for d in promql.diagnostics)} error(s) in {args.promql_config}")
-    facts, findings = _node_findings(args, policies, override, promql.config)
+    facts, findings = _node_findings(args, policies, override, promql.config, jobs=False)
     for finding in findings:
         print(finding, file=sys.stderr)
     policies = [p for p in policies if not idle_reason(p, facts)]

@@ -49,7 +49,7 @@ def by_pid(samples, name):
 def test_signals_are_catalogued():
     for spec in DataloaderIo.signals:
         assert CATALOGUE[spec.name] == spec
-        assert set(spec.labels) <= {"node", "job", "pid", "trainer", "rank", "quantile"}
+        assert set(spec.labels) <= {"node", "job", "pid", "trainer", "rank", "pod", "quantile"}
 
 
 def test_injected_2ms_read_shows_in_worker_p99(tmp_path):

@@ -110,7 +110,7 @@ def probe():
 def test_signals_are_catalogued():
     for spec in SchedNuma.signals:
         assert CATALOGUE[spec.name] == spec
-        assert set(spec.labels) <= {"node", "job", "pid", "trainer", "rank", "quantile", "probe"}
+        assert set(spec.labels) <= {"node", "job", "pid", "trainer", "rank", "pod", "quantile", "probe"}
 
 
 def lost(samples) -> list[tuple[dict, float]]:

@@ -96,7 +96,8 @@ def test_the_text_of_a_query_says_when_it_is_no_vector(query, kind):
     ("prometheus: http://p:9090\nqueries:\n  - {signal: gpu_utilisation_pct, query: x}\n", "3:14",
      "unknown signal 'gpu_utilisation_pct'; did you mean 'gpu_utilization_pct'?"),
     ("prometheus: http://p:9090\nqueries:\n  - {signal: step_time_ms, query: x}\n", "3:14",
-     "signal 'step_time_ms' is not fed by PromQL (its producers: the framework hooks); PromQL feeds "),
+     "signal 'step_time_ms' is not fed by PromQL (its producers: probe batch_wait (light tier, always on), "
+     "the framework hooks); PromQL feeds "),
     ("prometheus: http://p:9090\nqueries:\n  - {signal: gpu_utilization_pct, query: 'x[5m]'}\n", "3:42",
      "the query's result is a matrix, not an instant vector"),
     ("prometheus: http://p:9090\nqueries:\n  - {signal: gpu_utilization_pct, query: '1'}\n", "3:42",
