@@ -73,6 +73,21 @@ def allowed(pid: int) -> set[str]:
     return out
 
 
+def fake_tracefs(root: Path, events: dict[str, dict[str, list[str]]], field: str = "void *", size: int = 8):
+    """A tracefs tree declaring ``events`` (category -> event -> field names,
+    each a ``field``-typed field of ``size`` bytes), and the KernelFeatures
+    that read it: for probes' fallback orders."""
+    from reflexarc.bpf.probe import KernelFeatures
+    signed = 0 if "*" in field else 1
+    for category, names in events.items():
+        for event, fields in names.items():
+            d = root / "events" / category / event
+            d.mkdir(parents=True)
+            lines = [f"\tfield:{field} {f};\toffset:8;\tsize:{size};\tsigned:{signed};" for f in fields]
+            (d / "format").write_text(f"name: {event}\nformat:\n" + "\n".join(lines) + "\n")
+    return KernelFeatures(tracefs=str(root))
+
+
 def gpu_dev(root: Path) -> Path:
     """A stand-in ``/dev`` naming one NVIDIA GPU (``nvidia0``): there is no GPU
     here, and the gpu_submit probe attaches only on a node that has one."""

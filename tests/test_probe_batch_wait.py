@@ -22,10 +22,10 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT, require_bpf, wait_until
+from conftest import ROOT, fake_tracefs, require_bpf, wait_until
 
 from reflexarc.bpf.batch_wait import BatchWait, data_queue_fds, pipe_ends
-from reflexarc.bpf.probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Selection
+from reflexarc.bpf.probe import DEGRADED, OK, UNSUPPORTED, Selection
 from reflexarc.controller.signals import CATALOGUE
 
 pytestmark = pytest.mark.kernel
@@ -187,16 +187,6 @@ def test_data_queue_is_a_pipe_both_ends_here_and_its_write_end_in_a_worker(tmp_p
     assert pipe_ends(str(tmp_path), 1) == {}
 
 
-def fake_tracefs(root, events: dict[str, dict[str, list[str]]]) -> KernelFeatures:
-    for category, names in events.items():
-        for event, fields in names.items():
-            d = root / "events" / category / event
-            d.mkdir(parents=True)
-            lines = [f"\tfield:int {f};\toffset:8;\tsize:4;\tsigned:1;" for f in fields]
-            (d / "format").write_text(f"name: {event}\nformat:\n" + "\n".join(lines) + "\n")
-    return KernelFeatures(tracefs=str(root))
-
-
 def test_fallback_order(tmp_path):
     read = {"sys_enter_read": ["fd", "count"]}
     poll, ppoll = {"sys_enter_poll": ["ufds", "nfds"]}, {"sys_enter_ppoll": ["ufds", "nfds"]}
@@ -211,7 +201,7 @@ def test_fallback_order(tmp_path):
         ({"syscalls": {**poll, **ppoll}, **rename}, UNSUPPORTED, []),
     ]
     for i, (events, state, flags) in enumerate(cases):
-        probe = BatchWait(features=fake_tracefs(tmp_path / str(i), events))
+        probe = BatchWait(features=fake_tracefs(tmp_path / str(i), events, field="int", size=4))
         status = probe.choose_attach_points()
         assert status.state == state, (events, status)
         if state == UNSUPPORTED:
@@ -219,10 +209,12 @@ def test_fallback_order(tmp_path):
             continue
         assert set(flags) <= set(probe.cflags()), (events, probe.cflags())
     probe = BatchWait(features=fake_tracefs(tmp_path / "nopid", {"syscalls": {**read, **poll},
-                                                                 "task": {"task_rename": ["newcomm"]}}))
+                                                                 "task": {"task_rename": ["newcomm"]}},
+                                            field="int", size=4))
     probe.choose_attach_points()
     assert "-DRENAME_HAS_PID" not in probe.cflags() and "-DPPOLL_SYSCALL" not in probe.cflags()
-    probe = BatchWait(features=fake_tracefs(tmp_path / "deg", {"syscalls": {**read, **poll}}))
+    probe = BatchWait(features=fake_tracefs(tmp_path / "deg", {"syscalls": {**read, **poll}}, field="int",
+                                            size=4))
     status = probe.choose_attach_points()
     assert "task_rename" in status.reason
     assert status.attach_points == ["tracepoint:syscalls:sys_enter_poll", "tracepoint:syscalls:sys_enter_read"]

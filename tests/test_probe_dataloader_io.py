@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from conftest import ROOT, require, require_bpf
+from conftest import ROOT, fake_tracefs, require, require_bpf
 from workloads.slow_reads import INDEX_READS, PipeDelayDataset
 
 from reflexarc.actuators.framework_hook import ranks_by_pid
@@ -195,16 +195,6 @@ def test_io_uring_reads_attributed_to_fio_pid(tmp_path):
     p50 = latency[fio.pid]["0.5"]
     fio_p99_us = job["clat_ns"]["percentile"]["99.000000"] / 1000
     assert 5 <= p50 <= fio_p99_us, f"P50 {p50:.1f} us; fio clat P99 {fio_p99_us:.1f} us"
-
-
-def fake_tracefs(root, events: dict[str, dict[str, list[str]]]) -> KernelFeatures:
-    for category, names in events.items():
-        for event, fields in names.items():
-            d = root / "events" / category / event
-            d.mkdir(parents=True)
-            lines = [f"\tfield:void * {f};\toffset:8;\tsize:8;\tsigned:0;" for f in fields]
-            (d / "format").write_text(f"name: {event}\nformat:\n" + "\n".join(lines) + "\n")
-    return KernelFeatures(tracefs=str(root))
 
 
 SYSCALLS = {f"sys_{side}_{s}": [] for s in ("read", "pread64") for side in ("enter", "exit")}
