@@ -243,7 +243,9 @@ class Discovery:
         """The identity of ``pid``'s training process (``pid`` itself unless it
         is a DataLoader worker), else its own; the fallback for a training
         process that has none."""
-        owner = self.trainers.of(pid) if self.procfs.comm(pid) in self.worker_comms else pid
+        known = self._known.get(pid) or self._lookup(pid)      # a dict hit once read: no /proc read
+        comm = known.comm if known is not None else self.procfs.comm(pid)
+        owner = self.trainers.of(pid) if comm in self.worker_comms else pid
         for candidate in ((owner, pid) if owner not in (None, pid) else (pid,)):
             known = self._known.get(candidate) or self._lookup(candidate)
             if known is not None and known.identity is not None:
