@@ -17,15 +17,24 @@
  *       first MAX_POLLFDS entries) is searched for a watched fd; the first poll
  *       of a wait stores wait_start[thread] = {now, fd}. Further polls of the
  *       same fd (Queue.get's 5 s timeouts, retried by the DataLoader) keep it.
- *   sys_enter_read with count == 4 on a watched {tgid, fd}: one batch taken
- *       (reads of any other size return at once, before any lookup; a split
- *       header is finished by a read of 1-3 bytes, so each message counts
- *       once). Its wait is now - wait_start of this thread for this fd (0 when
- *       the thread did not poll it first: the batch was there already); its
- *       interval is now - last_batch[{tgid, fd}], the previous batch taken
- *       from the same fd (none for the first). Per trainer, stats[tgid] adds
- *       the batch, the wait and the interval, and wait_hist[tgid, slot(wait in
- *       microseconds)] += 1.
+ *       A poll of one fd that is not watched stores it too: it may be a new
+ *       epoch's data queue the loader has not found yet (see pending).
+ *   sys_enter_read with count == 4 by a watched trainer: a message header
+ *       (reads of any other size return at once, before any lookup, and other
+ *       processes' after one; a split header is finished by a read of 1-3
+ *       bytes, so each message counts once). Its wait is now - wait_start of
+ *       this thread for this fd (0 when the thread did not poll it first: the
+ *       batch was there already); its interval is now - last_batch[{tgid,
+ *       fd}], the previous message from the same fd, or for an fd's first
+ *       message now - trainer_last[tgid], the trainer's previous batch from any
+ *       fd (a new epoch's queue continues the old one's chain). On a watched
+ *       fd it is a batch: stats[tgid] adds it, its wait and its interval, and
+ *       wait_hist[tgid, slot(wait in microseconds)] += 1. On an fd not watched
+ *       yet it is added to pending[{tgid, fd}] instead: a new epoch's data
+ *       queue, with new fd numbers, is taken before the loader has found it in
+ *       /proc; the loader adds pending to the trainer's stats for the fds it
+ *       then finds to be its data queue and drops the rest (the trainer's
+ *       other pipes and sockets).
  *   task:task_rename: a task naming itself (prctl) as one of worker_comms
  *       (pt_data_worker: torch names its workers so) is put in renamed, by
  *       thread id: the loader drains it each interval and looks for the new
@@ -34,8 +43,9 @@
  *
  * The time stamps are bpf_ktime_get_ns (CLOCK_MONOTONIC, as Python's
  * time.monotonic). The loader reads and deletes stats and wait_hist once per
- * interval; last_batch and wait_start stay (wait_start and renamed are LRU:
- * threads that exit mid-wait leave entries behind).
+ * interval, and pending with them; last_batch, trainer_last and wait_start
+ * stay (last_batch, wait_start and renamed are LRU: threads that exit mid-wait
+ * and fds that were never a data queue leave entries behind).
  *
  * Histogram slots are log-linear (hist_slot in reflexarc_common.h), HIST_SLOTS
  * in all.
@@ -56,12 +66,24 @@ struct worker_comm { char comm[16]; };
 
 BPF_HASH(trainers, u32, u8, MAX_TRAINERS);
 BPF_HASH(watch_fd, struct watch_key, u8, MAX_WATCHED);
-BPF_HASH(last_batch, struct watch_key, u64, MAX_WATCHED);
+BPF_TABLE("lru_hash", struct watch_key, u64, last_batch, MAX_WATCHED);
+BPF_HASH(trainer_last, u32, u64, MAX_TRAINERS);
+BPF_TABLE("lru_hash", struct watch_key, struct batch_stats, pending, MAX_WATCHED);
 BPF_TABLE("lru_hash", u64, struct wait_mark, wait_start, MAX_THREADS);
 BPF_HASH(stats, u32, struct batch_stats, MAX_TRAINERS);
 BPF_HASH(wait_hist, struct hist_key, u64, MAX_TRAINERS * 32);
 
 #if defined(POLL_SYSCALL) || defined(PPOLL_SYSCALL)
+static __always_inline int mark_wait(u64 id, u32 fd)
+{
+    struct wait_mark *w = wait_start.lookup(&id);
+    if (w && w->fd == fd)
+        return 0;                     /* still waiting for the same message */
+    struct wait_mark m = {.ts = bpf_ktime_get_ns(), .fd = fd};
+    wait_start.update(&id, &m);
+    return 0;
+}
+
 static __always_inline int poll_enter(const struct user_pollfd *ufds, u64 nfds)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -69,6 +91,7 @@ static __always_inline int poll_enter(const struct user_pollfd *ufds, u64 nfds)
     if (!trainers.lookup(&tgid))
         return 0;
     struct watch_key k = {.tgid = tgid};
+    s32 only = -1;                    /* the fd of a one-fd poll: maybe a data queue not found yet */
 #pragma unroll
     for (int i = 0; i < MAX_POLLFDS; i++) {
         if (i >= nfds)
@@ -78,16 +101,14 @@ static __always_inline int poll_enter(const struct user_pollfd *ufds, u64 nfds)
             return 0;
         if (p.fd < 0)
             continue;
+        if (nfds == 1)
+            only = p.fd;
         k.fd = p.fd;
-        if (!watch_fd.lookup(&k))
-            continue;
-        struct wait_mark *w = wait_start.lookup(&id);
-        if (w && w->fd == k.fd)
-            return 0;                 /* still waiting for the same batch */
-        struct wait_mark m = {.ts = bpf_ktime_get_ns(), .fd = k.fd};
-        wait_start.update(&id, &m);
-        return 0;
+        if (watch_fd.lookup(&k))
+            return mark_wait(id, k.fd);
     }
+    if (only >= 0)
+        return mark_wait(id, (u32)only);
     return 0;
 }
 #endif
@@ -106,13 +127,23 @@ int on_ppoll_enter(struct tracepoint__syscalls__sys_enter_ppoll *args)
 }
 #endif
 
+static __always_inline void add_batch(struct batch_stats *s, u64 wait, u64 interval)
+{
+    __sync_fetch_and_add(&s->batches, 1);
+    __sync_fetch_and_add(&s->wait_ns, wait);
+    if (interval) {
+        __sync_fetch_and_add(&s->intervals, 1);
+        __sync_fetch_and_add(&s->interval_ns, interval);
+    }
+}
+
 int on_read_enter(struct tracepoint__syscalls__sys_enter_read *args)
 {
     if (args->count != 4)
         return 0;                     /* not a message header */
     u64 id = bpf_get_current_pid_tgid();
     struct watch_key k = {.tgid = id >> 32, .fd = (u32)args->fd};
-    if (!watch_fd.lookup(&k))
+    if (!trainers.lookup(&k.tgid))
         return 0;
     u64 now = bpf_ktime_get_ns();
     u64 wait = 0;
@@ -122,25 +153,26 @@ int on_read_enter(struct tracepoint__syscalls__sys_enter_read *args)
             wait = now - w->ts;
         wait_start.delete(&id);
     }
+    u64 *prev = last_batch.lookup(&k);
+    if (!prev)
+        prev = trainer_last.lookup(&k.tgid);
+    u64 interval = (prev && now > *prev) ? now - *prev : 0;
     struct batch_stats zero = {};
-    struct batch_stats *s = stats.lookup_or_try_init(&k.tgid, &zero);
-    if (!s)
-        return 0;
-    __sync_fetch_and_add(&s->batches, 1);
-    __sync_fetch_and_add(&s->wait_ns, wait);
-    u64 *last = last_batch.lookup(&k);
-    if (last) {
-        u64 prev = *last;
-        *last = now;
-        if (now > prev) {
-            __sync_fetch_and_add(&s->intervals, 1);
-            __sync_fetch_and_add(&s->interval_ns, now - prev);
-        }
+    if (watch_fd.lookup(&k)) {
+        struct batch_stats *s = stats.lookup_or_try_init(&k.tgid, &zero);
+        if (!s)
+            return 0;
+        add_batch(s, wait, interval);
+        struct hist_key hk = {.id = k.tgid, .slot = hist_slot(wait / 1000)};
+        wait_hist.atomic_increment(hk);
     } else {
-        last_batch.update(&k, &now);
+        struct batch_stats *s = pending.lookup_or_try_init(&k, &zero);
+        if (!s)
+            return 0;
+        add_batch(s, wait, interval);
     }
-    struct hist_key hk = {.id = k.tgid, .slot = hist_slot(wait / 1000)};
-    wait_hist.atomic_increment(hk);
+    last_batch.update(&k, &now);
+    trainer_last.update(&k.tgid, &now);
     return 0;
 }
 

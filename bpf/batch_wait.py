@@ -22,10 +22,13 @@ name themselves (``task:task_rename``) and looked at in the next ``collect``;
 /proc is scanned for every worker at start, on ``update_selection`` and every
 ``RESCAN_S`` seconds. A process that vanishes, or whose fds cannot be read
 (EACCES), mid-scan is skipped. A new epoch without ``persistent_workers``
-(new worker pids, a new pipe) usually gets the old pipe's fd numbers back and
-is followed at once; when its fds differ, its batches count from the next
-``collect`` on, and its first interval is not counted (intervals are taken
-between batches of the same fd).
+(new worker pids, a new pipe) mostly gets fd numbers of its own (the old
+queue's are not all closed when the new one is made): the kernel keeps the
+messages a watched training process reads from fds not watched yet apart
+(``pending``), and the next ``collect``, once it has found the new queue, counts
+those from it, so an epoch's first batches, and the long wait for the new
+workers' first one, are counted like the others. The interval of an fd's first
+batch runs from the training process's previous batch from any fd.
 
 Signals, per training process (``pid``, with ``trainer`` the same pid, so that
 the job, rank and pod found for it are added like for the per-worker probes):
@@ -34,7 +37,12 @@ the job, rank and pod found for it are added like for the per-worker probes):
   interval. It leaves out unpickling the batch, which the job's own timing of
   ``next(iterator)`` includes: for tensors that is fetching each tensor's
   shared-memory fd from the worker over a Unix socket, ~0.3-3 ms a batch on
-  the 2-core test VM (``bench/step_signals.py``);
+  the 2-core test VM (``bench/step_signals.py``). At an epoch's turn without
+  persistent workers it also leaves out shutting the old workers down and
+  forking new ones (``iter(loader)``, ~50-100 ms on that VM, several times that
+  under load): CPU work of the training process, not a wait on the workers,
+  which re-pinning cannot shorten (``persistent_workers=True`` does); the step
+  time has it;
 * ``step_time_ms`` (gauge): mean interval between consecutive batches taken in
   the interval. It is the step time when each step takes one batch, as a
   training loop over a DataLoader does; with gradient accumulation it is the
@@ -74,9 +82,11 @@ count with 4 and returns (two tracepoint hits' worth of work is avoided: there
 is no exit program); a 4-byte read costs one hash lookup; every poll/ppoll
 costs one hash lookup on the caller's tgid. A watched training process pays,
 per batch, one ``bpf_probe_read_user`` of its pollfd, a few hash operations, a
-clock read and a histogram increment. Enabling a syscall tracepoint moves every
+clock read and a histogram increment, and the same for each other message
+header it reads and each poll of one other fd (its other pipes and
+sockets: rare in a training loop). Enabling a syscall tracepoint moves every
 syscall on the node to the traced path (shared with the other syscall probes).
-Collect: one batched read-and-delete of two small maps, a look at each new
+Collect: one batched read-and-delete of three small maps, a look at each new
 worker's and its training process's fd tables (a readlink per fd, an fdinfo
 read per pipe), a ``stat`` per known worker, a /proc scan of process names at
 start and every ``RESCAN_S`` seconds.
@@ -168,6 +178,25 @@ class _Trainer:
         self.fds: set[int] = set()
         self.dirty = True
         self.alone_since: float | None = None   # monotonic time its last worker was seen gone
+
+
+class _Counts:
+    """One training process's batches in an interval: ``struct batch_stats``,
+    to which the pending batches of a data queue found late are added."""
+    __slots__ = ("batches", "wait_ns", "intervals", "interval_ns")
+
+    def __init__(self, batches: int = 0, wait_ns: int = 0, intervals: int = 0, interval_ns: int = 0) -> None:
+        self.batches, self.wait_ns, self.intervals, self.interval_ns = batches, wait_ns, intervals, interval_ns
+
+    @classmethod
+    def of(cls, s) -> _Counts:
+        return cls(s.batches, s.wait_ns, s.intervals, s.interval_ns)
+
+    def add(self, other: _Counts) -> None:
+        self.batches += other.batches
+        self.wait_ns += other.wait_ns
+        self.intervals += other.intervals
+        self.interval_ns += other.interval_ns
 
 
 class BatchWait(Probe):
@@ -321,10 +350,11 @@ class BatchWait(Probe):
 
     def _unwatch(self, trainer: int) -> None:
         state = self._watched.get(trainer)
-        try:
-            del self.bpf[b"trainers"][ct.c_uint32(trainer)]
-        except KeyError:
-            pass
+        for name in (b"trainers", b"trainer_last"):
+            try:
+                del self.bpf[name][ct.c_uint32(trainer)]
+            except KeyError:
+                pass
         for fd in (state.fds if state else ()):
             for name in (b"watch_fd", b"last_batch"):
                 table = self.bpf[name]
@@ -347,12 +377,13 @@ class BatchWait(Probe):
         """``{training process: its watched fds}``."""
         return {t: set(s.fds) for t, s in self._watched.items() if s.fds}
 
-    def _waiting(self, tgids: set[int], now_ns: int) -> dict[int, float]:
-        """Wait so far (ms) of the watched processes in ``tgids`` that are waiting."""
+    def _waiting(self, watched: dict[int, set[int]], now_ns: int) -> dict[int, float]:
+        """Wait so far (ms) of the processes in ``watched`` ({training process:
+        its data queue's fds}) that are waiting on their data queue."""
         out: dict[int, float] = {}
         for key, mark in self.bpf[b"wait_start"].items():
             tgid = key.value >> 32
-            if tgid in tgids and now_ns > mark.ts:
+            if mark.fd in watched.get(tgid, ()) and now_ns > mark.ts:
                 out[tgid] = max(out.get(tgid, 0.0), (now_ns - mark.ts) / 1e6)
         return out
 
@@ -370,13 +401,16 @@ class BatchWait(Probe):
         if self.bpf is None:
             return []
         self._refresh(time.monotonic())
-        stats = {key: value for key, value in drain(self.bpf[b"stats"])}
+        stats = {key: _Counts.of(value) for key, value in drain(self.bpf[b"stats"])}
+        watched = self.watched()
+        for key, value in drain(self.bpf[b"pending"]):
+            if key.fd in watched.get(key.tgid, ()):      # a data queue found since: its first batches
+                stats.setdefault(key.tgid, _Counts()).add(_Counts.of(value))
         hists = drain_hists(self.bpf[b"wait_hist"])
         self.wait_quantiles = {t: [(q, v / 1000.0) for q, v in quantiles(h)] for t, h in hists.items()}
         now_ns = time.monotonic_ns()
-        watched = self.watched()
         idle = {t for t in watched if t not in stats or not stats[t].batches}
-        waiting = self._waiting(idle, now_ns) if idle else {}
+        waiting = self._waiting({t: watched[t] for t in idle}, now_ns) if idle else {}
 
         out: list[tuple[str, dict, float]] = []
         for trainer in sorted(set(watched) | set(stats)):

@@ -11,8 +11,8 @@ update, then ``--step-ms`` of sleep standing in for the accelerator's time
 (a GPU job's training process sleeps in the driver while its kernels run).
 Without ``--persistent`` every epoch (``--epoch-items`` items) starts new
 worker processes and a new data queue, as PyTorch does by default; the new
-queue usually gets the old one's fd numbers back, and ``--shift-fds`` (an fd
-more held open before each epoch) makes them differ.
+queue often gets fd numbers of its own (the old one's are not all closed yet),
+and ``--shift-fds`` (an fd more held open before each epoch) makes sure of it.
 
 Stdout carries JSON lines, one object each, flushed:
 
@@ -20,13 +20,13 @@ Stdout carries JSON lines, one object each, flushed:
 * ``{"event": "worker", "pid": ..., "worker_id": ...}`` from each worker as it
   starts (``worker_init_fn``);
 * ``{"event": "step", "step": n, "epoch": k, "t": ..., "got": ..., "step_ms": ...,
-  "wait_ms": ...}`` after every step. ``t`` is ``time.monotonic()`` at the end
+  "wait_ms": ..., "setup_ms": ...}`` after every step. ``t`` is ``time.monotonic()`` at the end
   of the step and ``got`` when its batch was in hand (CLOCK_MONOTONIC: the
   clock of ``bpf_ktime_get_ns``, the same in every process). ``step_ms`` runs from the end of the previous step to the end
   of this one (null for the first step); ``wait_ms`` is the time the loop spent
   getting this step's batch: inside ``next(iterator)``, and at an epoch's start
   also ending the old iterator and creating the new one (``iter(loader)``
-  starts the workers);
+  starts the workers), which ``setup_ms`` is the part of (0 for the others);
 * ``{"event": "done", "steps": n}`` at the end (``--duration``, ``--steps`` or
   SIGTERM, whichever comes first).
 
@@ -110,16 +110,20 @@ def main(argv: list[str] | None = None) -> int:
     held: list[int] = []
     while not stopping and time.monotonic() < deadline and (not args.steps or step < args.steps):
         asked = time.monotonic()
-        batch = None
+        batch, setup = None, 0.0
         while batch is None:
             if it is None:
+                began_setup = time.monotonic()
                 epoch += 1
                 if args.shift_fds:
                     held.append(os.open(os.devnull, os.O_RDONLY))
                 it = iter(loader)
+                setup += time.monotonic() - began_setup
             try:
+                began_next = time.monotonic()
                 batch = next(it)
-            except StopIteration:
+            except StopIteration:     # the old workers were shut down inside next()
+                setup += time.monotonic() - began_next
                 it = None
         arrived = time.monotonic()
         x, y = batch
@@ -132,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         step += 1
         say(event="step", step=step, epoch=epoch, t=end, got=arrived,
             step_ms=None if last_end is None else (end - last_end) * 1e3,
-            wait_ms=(arrived - asked) * 1e3)
+            wait_ms=(arrived - asked) * 1e3, setup_ms=setup * 1e3)
         last_end = end
     del it
     say(event="done", steps=step)
