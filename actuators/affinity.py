@@ -34,6 +34,15 @@ workers each epoch, new threads in a worker), records their originals in the
 returned change and drops the ones that exited. A change by trainer may start
 with no worker running (between epochs): it pins the next epoch's.
 
+Gone or cannot tell: a process or thread counts as gone only when /proc says so
+(ENOENT, ESRCH) or ``sched_setaffinity`` finds no such task. When /proc cannot be
+read (the controller out of file descriptors, EACCES, EIO: ``ProcUnreadable``)
+the answer is a ``TemporaryActuatorError``: ``exists`` does not report the
+target gone, ``revert`` counts the thread as a failure rather than a skip, and
+``refresh`` keeps what it recorded. ``revert`` re-reads each mask it writes
+(``sched_getaffinity``) and fails naming the thread when it is not the
+original: a change reverted is one whose masks were read back as restored.
+
 Where to pin: exactly one of ``node``, ``cpus``, ``device`` (a PCI address) or
 ``locality: true`` (``specs.ALTERNATIVE_PARAMS``). Locality chooses the node at
 plan time: the NUMA node of a device the job reads from or sends on, when one
@@ -74,7 +83,7 @@ import re
 from pathlib import Path
 
 from reflexarc.core.cpus import format_cpulist
-from reflexarc.core.procfs import ProcFS
+from reflexarc.core.procfs import ProcFS, ProcUnreadable
 from reflexarc.core.targets import ProcessGuard, Refusal, Refused, pid_label
 from reflexarc.core.topology import Topology, TopologyError
 
@@ -123,6 +132,11 @@ def _with_mask(processes: list[dict], cpus: list[int]) -> list[dict]:
     return [{**p, "threads": [{**t, "cpus": list(cpus)} for t in p["threads"]]} for p in processes]
 
 
+def _unknown(what: str, exc: ProcUnreadable) -> TemporaryActuatorError:
+    """The error for a question /proc could not answer: retried, never read as gone."""
+    return TemporaryActuatorError(f"cannot tell {what}: {exc}")
+
+
 class AffinityActuator(Actuator):
     spec = SPECS["affinity"]
 
@@ -166,10 +180,13 @@ class AffinityActuator(Actuator):
 
     def _outside(self, pid: int, roots: list[int], cgroup: str) -> str | None:
         """How process ``pid`` lies outside the scope, or None when it is inside."""
-        if roots and not self.procfs.descends_from(pid, roots):
-            return f"not below pids {','.join(map(str, roots))}"
-        if cgroup and not self.procfs.in_cgroup(pid, cgroup):
-            return f"not in cgroup {cgroup}"
+        try:
+            if roots and not self.procfs.descends_from(pid, roots, strict=True):
+                return f"not below pids {','.join(map(str, roots))}"
+            if cgroup and not self.procfs.in_cgroup(pid, cgroup, strict=True):
+                return f"not in cgroup {cgroup}"
+        except ProcUnreadable as exc:
+            raise _unknown(f"whether pid {pid} is inside the selector", exc) from exc
         return None
 
     def _refuse(self, scope: dict) -> None:
@@ -192,17 +209,42 @@ class AffinityActuator(Actuator):
         refused = self.guard.touch(pid)
         if refused is not None:
             raise TargetRefused(refused)
-        owner = self.procfs.tgid(pid)
+        try:
+            owner = self.procfs.tgid(pid, strict=True)
+        except ProcUnreadable as exc:
+            raise _unknown(f"which process pid {pid} belongs to", exc) from exc
         outside = None if owner is None else self._outside(owner, scope["pids"], scope["cgroup"])
         if outside:
             raise TargetRefused(Refused(Refusal.OUTSIDE_SELECTOR, pid, f"pid {pid} is outside the selector: {outside}"))
 
     def _workers(self, target: Target) -> list[int]:
         scope = self._scope(target)
-        return self.procfs.find(scope["comms"], pids=scope["pids"], cgroup=scope["cgroup"], pid=scope["pid"])
+        try:
+            return self.procfs.find(scope["comms"], pids=scope["pids"], cgroup=scope["cgroup"], pid=scope["pid"],
+                                    strict=True)
+        except ProcUnreadable as exc:
+            raise _unknown(f"which processes match {self._describe_scope(scope)}", exc) from exc
+
+    def _threads(self, pid: int) -> list[int]:
+        """Thread ids of process ``pid``; empty once it exited."""
+        try:
+            return self.procfs.threads(pid, strict=True)
+        except ProcUnreadable as exc:
+            raise _unknown(f"the threads of pid {pid}", exc) from exc
+
+    def _alive(self, pid: int, start: int, tid: int | None = None) -> bool:
+        """Whether ``pid`` (its thread ``tid``) is still the task recorded at ``start``."""
+        try:
+            return self.procfs.alive(pid, start, tid)
+        except ProcUnreadable as exc:
+            who = f"pid {pid}" if tid is None else f"thread {tid} of pid {pid}"
+            raise _unknown(f"whether {who} still runs", exc) from exc
 
     def _thread(self, pid: int, tid: int) -> dict | None:
-        start = self.procfs.start_time(pid, tid)
+        try:
+            start = self.procfs.start_time(pid, tid, strict=True)
+        except ProcUnreadable as exc:
+            raise _unknown(f"the start time of thread {tid} of pid {pid}", exc) from exc
         if start is None:
             return None
         try:
@@ -212,11 +254,14 @@ class AffinityActuator(Actuator):
 
     def _snapshot(self, pid: int) -> dict | None:
         """A process and the current mask of each of its threads; None once it exited."""
-        start = self.procfs.start_time(pid)
+        try:
+            start = self.procfs.start_time(pid, strict=True)
+        except ProcUnreadable as exc:
+            raise _unknown(f"the start time of pid {pid}", exc) from exc
         if start is None:
             return None
-        threads = [t for t in (self._thread(pid, tid) for tid in self.procfs.threads(pid)) if t]
-        if not threads or not self.procfs.alive(pid, start):
+        threads = [t for t in (self._thread(pid, tid) for tid in self._threads(pid)) if t]
+        if not threads or not self._alive(pid, start):
             return None
         return {"pid": pid, "start": start, "comm": self.procfs.comm(pid) or "", "threads": threads}
 
@@ -228,7 +273,10 @@ class AffinityActuator(Actuator):
         """The training process of a target by trainer as ``{pid, start, comm}``;
         refuses one that is gone or outside the selector's pids or cgroup."""
         pid = scope["trainer"]
-        start = self.procfs.start_time(pid)
+        try:
+            start = self.procfs.start_time(pid, strict=True)
+        except ProcUnreadable as exc:
+            raise _unknown(f"whether training process {pid} runs", exc) from exc
         if start is None:
             raise PermanentActuatorError(f"training process {pid} is not running")
         outside = self._outside(pid, scope["within"], scope["cgroup"])
@@ -249,16 +297,28 @@ class AffinityActuator(Actuator):
 
     def _following(self, change: Change) -> bool:
         """Whether the change's training process (if it has one) still runs as the
-        process it was planned for; a reused pid is never followed."""
+        process it was planned for; a reused pid is never followed.
+        TemporaryActuatorError when /proc cannot tell."""
         trainer = change.after.get("trainer")
-        return trainer is None or self.procfs.alive(trainer["pid"], trainer["start"])
+        return trainer is None or self._alive(trainer["pid"], trainer["start"])
 
     def exists(self, change: Change) -> bool:
         """A change by trainer exists while its training process runs (workers come
-        and go with epochs); any other while one of the processes it pinned runs."""
+        and go with epochs); any other while one of the processes it pinned runs.
+        False only when /proc says they are gone (or their pids reused);
+        TemporaryActuatorError when it cannot tell."""
         if change.after.get("trainer") is not None:
             return self._following(change)
-        return any(self.procfs.alive(p["pid"], p["start"]) for p in change.before["processes"])
+        unknown = None
+        for proc in change.before["processes"]:
+            try:
+                if self._alive(proc["pid"], proc["start"]):
+                    return True
+            except TemporaryActuatorError as exc:
+                unknown = unknown or exc
+        if unknown is not None:
+            raise unknown
+        return False
 
     # -- the desired mask ----------------------------------------------------------
 
@@ -395,21 +455,30 @@ class AffinityActuator(Actuator):
 
     # -- writing -------------------------------------------------------------------
 
-    def _set(self, proc: dict, thread: dict, cpus: list[int]) -> bool:
-        """Set one thread's mask unless it exited or its id now names another task.
-        Returns whether the mask was written."""
-        if not (self.procfs.alive(proc["pid"], proc["start"])
-                and self.procfs.alive(proc["pid"], thread["start"], thread["tid"])):
+    def _set(self, proc: dict, thread: dict, cpus: list[int], check: bool = False) -> bool:
+        """Set one thread's mask unless it exited or its id now names another task
+        (TemporaryActuatorError when /proc cannot tell). With ``check``, re-read
+        the mask and fail when it is not ``cpus``. Returns whether the mask was written."""
+        tid = thread["tid"]
+        if not (self._alive(proc["pid"], proc["start"]) and self._alive(proc["pid"], thread["start"], tid)):
             return False
+        call = f"sched_setaffinity(tid {tid}, {format_cpulist(cpus)})"
         try:
-            os.sched_setaffinity(thread["tid"], cpus)
+            os.sched_setaffinity(tid, cpus)
+            if not check:
+                return True
+            call = f"sched_getaffinity(tid {tid})"
+            read = sorted(os.sched_getaffinity(tid))
         except ProcessLookupError:
             return False
         except OSError as exc:
-            message = f"sched_setaffinity(tid {thread['tid']}, {format_cpulist(cpus)}): {exc.strerror}"
+            message = f"{call}: {exc.strerror}"
             if exc.errno in RETRYABLE:
                 raise TemporaryActuatorError(message) from exc
             raise PermanentActuatorError(message) from exc
+        if read != sorted(set(cpus)):
+            raise PermanentActuatorError(f"thread {tid} of pid {proc['pid']}: mask set to CPUs {format_cpulist(cpus)} "
+                                         f"but read back as {format_cpulist(read)}")
         return True
 
     def apply(self, change: Change) -> None:
@@ -426,29 +495,33 @@ class AffinityActuator(Actuator):
             # Threads the worker started since the plan get the mask too; revert
             # gives them the process's original (they carry the pinned mask).
             known = {t["tid"] for t in proc["threads"]}
-            for tid in self.procfs.threads(proc["pid"]):
+            for tid in self._threads(proc["pid"]):
                 thread = None if tid in known else self._thread(proc["pid"], tid)
                 if thread is not None:
                     self._set(proc, thread, change.after["cpus"])
 
     def revert(self, change: Change) -> None:
-        """Every thread gets its own original mask back; exited and reused ids are
-        skipped. Goes through all threads, then raises the first failure."""
+        """Every thread gets its own original mask back, re-read to check it;
+        exited and reused ids are skipped, a thread /proc cannot tell about is a
+        failure. Goes through all threads, then raises the first failure."""
         failure = None
         pinned = list(change.after["cpus"])
         for proc in change.before["processes"]:
             restore = list(proc["threads"])
-            if restore and self.procfs.alive(proc["pid"], proc["start"]):
-                # Threads born since the last refresh inherited the pinned mask:
-                # they go back to the process's original too.
-                known = {t["tid"] for t in proc["threads"]}
-                for tid in self.procfs.threads(proc["pid"]):
-                    thread = None if tid in known else self._thread(proc["pid"], tid)
-                    if thread is not None and thread["cpus"] == pinned:
-                        restore.append({**thread, "cpus": list(self._origin(proc))})
+            try:
+                if restore and self._alive(proc["pid"], proc["start"]):
+                    # Threads born since the last refresh inherited the pinned mask:
+                    # they go back to the process's original too.
+                    known = {t["tid"] for t in proc["threads"]}
+                    for tid in self._threads(proc["pid"]):
+                        thread = None if tid in known else self._thread(proc["pid"], tid)
+                        if thread is not None and thread["cpus"] == pinned:
+                            restore.append({**thread, "cpus": list(self._origin(proc))})
+            except TemporaryActuatorError as exc:
+                failure = failure or exc
             for thread in restore:
                 try:
-                    self._set(proc, thread, thread["cpus"])
+                    self._set(proc, thread, thread["cpus"], check=True)
                 except (TemporaryActuatorError, PermanentActuatorError) as exc:
                     failure = failure or exc
         if failure is not None:
@@ -463,25 +536,41 @@ class AffinityActuator(Actuator):
         """Pin workers and threads that appeared since ``change`` was applied and drop
         the ones that exited. Returns the grown change (already applied) or None.
         New workers of a training process are looked for only while it is the
-        process the change was planned for."""
+        process the change was planned for. What /proc cannot tell about is kept
+        as recorded (its original mask stays in the change) and looked at again
+        on the next refresh."""
         cpus = list(change.after["cpus"])
         altered = False
         before = []
         recorded = {(p["pid"], p["start"]) for p in change.before["processes"]}
         for proc in change.before["processes"]:
-            if not self.procfs.alive(proc["pid"], proc["start"]):
-                altered = True
+            try:
+                if not self._alive(proc["pid"], proc["start"]):
+                    altered = True
+                    continue
+            except TemporaryActuatorError as exc:
+                log.warning("refresh: %s: kept as recorded", exc)
+                before.append(proc)
                 continue
-            kept = [t for t in proc["threads"] if self.procfs.alive(proc["pid"], t["start"], t["tid"])]
+            kept = [t for t in proc["threads"] if self._maybe_alive(proc, t)]
             altered |= len(kept) != len(proc["threads"])
             # A thread created by an already pinned thread inherited the new mask:
             # its original is the process's original.
             origin = self._origin(proc)
             known = {t["tid"] for t in kept}
-            for tid in self.procfs.threads(proc["pid"]):
+            try:
+                tids = self._threads(proc["pid"])
+            except TemporaryActuatorError as exc:
+                log.warning("refresh: %s: no new thread looked for", exc)
+                tids = []
+            for tid in tids:
                 if tid in known:
                     continue
-                thread = self._thread(proc["pid"], tid)
+                try:
+                    thread = self._thread(proc["pid"], tid)
+                except TemporaryActuatorError as exc:
+                    log.warning("refresh: %s: left for the next refresh", exc)
+                    continue
                 if thread is None:
                     continue
                 if thread["cpus"] == cpus:
@@ -490,12 +579,21 @@ class AffinityActuator(Actuator):
                     kept.append(thread)
                     altered = True
             before.append({**proc, "threads": kept})
-        for pid in self._workers(change.target) if self._following(change) else ():
+        try:
+            workers = self._workers(change.target) if self._following(change) else []
+        except TemporaryActuatorError as exc:
+            log.warning("refresh: %s: no new worker looked for", exc)
+            workers = []
+        for pid in workers:
             refused = self.guard.touch(pid)
             if refused is not None:
                 log.warning("refresh: %s", refused.message)
                 continue
-            snap = self._snapshot(pid)
+            try:
+                snap = self._snapshot(pid)
+            except TemporaryActuatorError as exc:
+                log.warning("refresh: %s: left for the next refresh", exc)
+                continue
             if snap is None or (snap["pid"], snap["start"]) in recorded:
                 continue
             snap["threads"] = [t for t in snap["threads"] if self._pin_new(snap, t, cpus)]
@@ -508,6 +606,14 @@ class AffinityActuator(Actuator):
         grown.before = {**change.before, "cpus": _common_mask(before), "processes": before}
         grown.after = {**change.after, "cpus": cpus, "processes": _with_mask(before, cpus)}
         return grown
+
+    def _maybe_alive(self, proc: dict, thread: dict) -> bool:
+        """A recorded thread is dropped only when /proc says it is gone."""
+        try:
+            return self._alive(proc["pid"], thread["start"], thread["tid"])
+        except TemporaryActuatorError as exc:
+            log.warning("refresh: %s: kept as recorded", exc)
+            return True
 
     def _pin_new(self, proc: dict, thread: dict, cpus: list[int]) -> bool:
         """Pin a thread found by refresh; a failure leaves it unpinned and unrecorded,

@@ -184,6 +184,14 @@ class Registry:
             self._instances[name] = factory()
         return self._instances[name]
 
+    def discard(self, name: str) -> None:
+        """Close the instance of ``name``, if one was built, so the next ``get``
+        builds it from its factory again (after the configuration it reads
+        changed: the deep tier exists once the probes started)."""
+        act = self._instances.pop(name, None)
+        if act is not None:
+            act.close()
+
     def close(self) -> None:
         for act in self._instances.values():
             act.close()

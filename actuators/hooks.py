@@ -296,11 +296,12 @@ class Hooks:
         unknown = set(values) - set(SIGNAL_NAMES)
         if unknown:
             raise ValueError(f"unknown step signal(s) {sorted(unknown)}; known: {', '.join(SIGNAL_NAMES)}")
-        now = time.time()
+        now, mono = time.time(), time.monotonic()
         with self._lock:
             for name, value in values.items():
                 acc = self._signals.setdefault(name, {"sum": 0.0, "count": 0})
-                acc.update(last=float(value), ts=now, sum=acc["sum"] + float(value), count=acc["count"] + 1)
+                acc.update(last=float(value), ts=now, mono=mono, sum=acc["sum"] + float(value),
+                           count=acc["count"] + 1)
             if iteration is not None:
                 self._iteration = int(iteration)
 
@@ -445,13 +446,13 @@ class Hooks:
         when no step ran since), with the time of its latest report. A step still
         running for longer than the last one took reports ``step_time_ms`` as its
         time so far, a lower bound, so a stalled step shows before it ends."""
-        now = time.time()
+        now, mono = time.time(), time.monotonic()     # the wall clock is sent; durations are monotonic
         with self._lock:
             signals = {}
             for name, acc in self._signals.items():
                 mean = acc["sum"] / acc["count"] if acc["count"] else acc["last"]
                 signals[name] = {"value": mean, "ts": acc["ts"], "steps": acc["count"]}
-                running_ms = (now - acc["ts"]) * 1000.0
+                running_ms = (mono - acc["mono"]) * 1000.0
                 if name == "step_time_ms" and running_ms > max(2 * acc["last"], STALLED_STEP_MS):
                     signals[name] = {"value": running_ms, "ts": now, "steps": 0, "running": True}
                 acc.update(sum=0.0, count=0)

@@ -82,7 +82,7 @@ class ProbeManager:
                  features: KernelFeatures | None = None, node: str = "",
                  probes: Sequence[str | type[Probe] | Probe] | None = None, *,
                  proc_root: str = "/proc", sys_root: str = "/sys",
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.base_selection = selection
         self.selection = selection
         self.interval = interval
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.watch if args.watch > 0 else float("inf")
     try:
         for batch in mgr.run(lambda: bool(stopping) or time.monotonic() >= deadline):
-            print(json.dumps({"ts": round(mgr.clock(), 3),
+            print(json.dumps({"ts": round(time.time(), 3),
                               "samples": [[n, labels, v] for n, labels, v in batch]}), flush=True)
     except KeyboardInterrupt:
         pass

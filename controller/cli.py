@@ -135,11 +135,14 @@ def _load_policies(paths):
 
 
 def _output_file(path: str, what: str) -> Path:
-    """A path to append to: absent, or a regular file (a FIFO would block, a device swallow it)."""
+    """A path to append to: absent, or a regular file (a FIFO would block, a device
+    swallow it, and a symbolic link is not followed: it could point anywhere)."""
     try:
-        mode = os.stat(path).st_mode
+        mode = os.lstat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):   # to be made (or refused when its directory is)
         return Path(path)
+    if stat.S_ISLNK(mode):
+        raise CliError(f"{what} {path} is a symbolic link; name the file itself")
     if not stat.S_ISREG(mode):
         raise CliError(f"{what} {path} is {kind_of(mode)}, not a regular file")
     return Path(path)
@@ -207,6 +210,16 @@ def _running_jobs(proc_root: str) -> tuple[str, ...] | None:
 
 def _journal(args, clock=None):
     from .journal import Journal, JournalLocked
+    from .policy.trust import untrusted
+    state = Path(args.state_dir)
+    try:
+        unsafe = untrusted(state) if state.exists() else None
+    except OSError as exc:
+        raise CliError(f"state directory {state}: {exc.strerror or exc}") from None
+    if unsafe:
+        raise CliError(f"state directory {state}: {unsafe}: another user could plant files or links there that "
+                       f"the journal and audit are written through; fix: chown root:root {state} && "
+                       f"chmod 0700 {state} (and the same for the directories above it)")
     try:
         journal = Journal(Path(args.state_dir) / "journal.jsonl", clock)
     except JournalLocked as exc:
@@ -352,6 +365,19 @@ def _metrics_server(args, registry):
         raise CliError(f"--metrics-addr {shown}: cannot listen there: {exc.strerror or exc}") from None
 
 
+def _reconcile(executor, journal) -> list:
+    """Revert (or adopt) what the journal lists open, then compact it; a line on
+    stderr for each change reverted or not, since the audit is not open yet."""
+    results = executor.reconcile()
+    for jid, res in results:
+        actuator = res.change.actuator if res.change else "?"
+        detail = f": {res.error}" if res.error else ""
+        print(f"reconciled at start: {jid} {actuator} {res.outcome}{detail}"
+              + (f"; {res.unrecorded}" if res.unrecorded else ""), file=sys.stderr)
+    journal.compact()
+    return results
+
+
 def cmd_run(args) -> int:
     from reflexarc.actuators.registry import build_registry
     from .audit import AuditLog
@@ -364,7 +390,19 @@ def cmd_run(args) -> int:
     from .readiness import idle_reason
     from .sources import HookSource, NvmlSource, ProbeSource, ReplaySource, SourceError
     import signal
+    from .executor import Executor
     from .reload import PolicyFiles, Reloader
+    # First, before anything that may fail or that a peer may hold (the policies,
+    # the audit, the metrics port, the hook channel): what a previous controller
+    # left applied is reverted or adopted.
+    clock = WallClock()
+    journal = _journal(args, clock)
+    audit_path = Path(args.audit or Path(args.state_dir) / "audit.jsonl")
+    config = _actuator_config(args)
+    config.audit_path = str(audit_path.resolve())
+    registry = build_registry(config)
+    reconciled = _reconcile(Executor(registry, journal, clock), journal)
+    _output_file(str(audit_path), "the audit log")
     files = PolicyFiles(_paths_or_builtin(args.policy))   # before the load: a change while starting is reloaded
     policies = _load_policies(args.policy)
     override = None if args.mode == "policy" else args.mode
@@ -378,11 +416,7 @@ def cmd_run(args) -> int:
     for finding in findings:
         print(finding, file=sys.stderr)
     policies = [p for p in policies if not idle_reason(p, facts)]
-    audit_path = _output_file(args.audit or str(Path(args.state_dir) / "audit.jsonl"), "the audit log")
-    clock = WallClock()
     sources = []
-    config = _actuator_config(args)
-    config.audit_path = str(Path(audit_path).resolve())
     try:
         if args.replay is not None:
             check_regular(args.replay)
@@ -417,28 +451,31 @@ def cmd_run(args) -> int:
     manager = None
     if not args.no_probes:
         from reflexarc.bpf.manager import ProbeManager
-        manager = ProbeManager(_selection(policies, args.job), interval=args.interval, sys_root=args.sys_root)
+        manager = ProbeManager(_selection(policies, args.job), interval=args.interval, sys_root=args.sys_root,
+                               clock=clock.now)
         for name, status in manager.start().items():
             logging.getLogger("reflexarc.probes").info("%s: %s", name, status)
         config.deep_tier = manager
+        registry.discard("deep_tracing")     # built without the deep tier if the reconcile used it
         sources.append(ProbeSource(manager, hook_dir=str(hook_dir) if hook_dir.is_dir() else None))
-    journal = _journal(args, clock)
-    ctl = Controller(policies, SignalBus(), build_registry(config), clock, mode_override=override, metrics=metrics,
+    ctl = Controller(policies, SignalBus(), registry, clock, mode_override=override, metrics=metrics,
                      journal=journal, audit=AuditLog(audit_path, clock, evals="sampled", sample_every=args.audit_sample,
                                                     max_bytes=int(args.audit_max_mb * (1 << 20))),
                      limits=LimitSettings(args.kill_switch, args.max_active, args.actions_per_hour),
                      target_grace=args.target_grace)
     reloader = Reloader(ctl, files, facts, receiver=bool(args.alertmanager_url or args.webhook_url),
                         selection=None if manager is None else lambda ps: _selection(ps, args.job))
-    hup = signal.signal(signal.SIGHUP, lambda *_: reloader.request())   # reload at the next tick
-    ctl.start(source="live")
+    hup = _set_hup(lambda *_: reloader.request())   # reload at the next tick
+    if EARLY_HUPS:                                   # one came while starting
+        reloader.request()
+    ctl.start(source="live", reconciled=reconciled)
     if server is not None:
         from .exporter import export_live_state
-        export_live_state(metrics.registry, ctl.bus, manager, journal)
+        export_live_state(metrics.registry, ctl.bus, manager, journal, ctl.audit)
     try:
         summary = run_live(ctl, sources, clock, args.interval, args.duration, server, reloader=reloader)
     finally:
-        signal.signal(signal.SIGHUP, hup)
+        _set_hup(hup)
     journal.close()
     print(json.dumps({k: v for k, v in summary.items() if k != "states"}, sort_keys=True))
     print(f"audit: {audit_path}")
@@ -576,6 +613,8 @@ def cmd_rollback(args) -> int:
     from reflexarc.actuators.registry import build_registry
     from .clock import WallClock
     from .executor import Executor
+    if args.forget:
+        return _forget(args)
     if not args.all and not args.id:
         raise CliError("name a journal id or --all")
     journal = _journal(args, WallClock())
@@ -605,6 +644,38 @@ def cmd_rollback(args) -> int:
         print(f"error: {problem}", file=sys.stderr)
     if problems:
         raise CliError(problems[-1])
+    return 0
+
+
+def _forget(args) -> int:
+    """``rollback --forget ID --reason TEXT``: close an open entry without reverting
+    it (one this version cannot revert), journaled and audited."""
+    from .audit import AuditLog
+    from .clock import WallClock
+    if args.all or args.id:
+        raise CliError("--forget names the one entry to close: rollback --forget ID --reason TEXT")
+    reason = (args.reason or "").strip()
+    if not reason:
+        raise CliError("--forget needs --reason TEXT: why the change may stay as it is (it is audited)")
+    from .journal import JournalWriteError
+    clock = WallClock()
+    journal = _journal(args, clock)
+    try:
+        entry = next((e for e in journal.open_entries() if e.id == args.forget), None)
+        if entry is None:
+            raise CliError(f"no open journal entry '{args.forget}' (see 'reflexarc journal')")
+        try:
+            journal.mark(entry.id, Outcome.FORGOTTEN, note=f"forgotten by an operator: {reason}")
+        except JournalWriteError as exc:
+            raise CliError(str(exc)) from None
+    finally:
+        journal.close()
+    audit = AuditLog(Path(args.state_dir) / "audit.jsonl", clock)
+    audit.write("forget", journal_id=entry.id, actuator=entry.change.get("actuator"), policy=entry.policy,
+                rule=entry.rule, summary=entry.change.get("summary", ""), reason=reason, user=os.getuid())
+    audit.close()
+    print(f"{entry.id} {entry.change.get('actuator', '?'):14s} forgotten: the change was not reverted; "
+          f"whatever it changed stays as it is")
     return 0
 
 
@@ -772,6 +843,10 @@ def build_parser() -> Parser:
     s = sub.add_parser("rollback", help="revert journaled changes")
     s.add_argument("id", nargs="?")
     s.add_argument("--all", action="store_true")
+    s.add_argument("--forget", metavar="ID", help="close entry ID without reverting it (one this version "
+                                                 "cannot revert, e.g. of an actuator it does not know); "
+                                                 "needs --reason, and is audited")
+    s.add_argument("--reason", metavar="TEXT", help="why the entry is forgotten (with --forget)")
     s.set_defaults(fn=cmd_rollback)
 
     s = sub.add_parser("journal", help="list journaled changes")
@@ -788,14 +863,42 @@ def _actuator_help_asked(argv: list[str]) -> str | None:
     return rest[0] if rest and rest[0] in SPECS else None
 
 
+EARLY_HUPS: list[bool] = []      # SIGHUPs taken before ``run`` could reload: it reloads once running
+
+
+def _set_hup(handler):
+    """Install a SIGHUP handler (the main thread only); the previous one, or None."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGHUP, handler if handler is not None else signal.SIG_DFL)
+
+
+def _raise_fd_limit() -> None:
+    """The soft limit on open files up to the hard one (systemd starts services
+    with 1024 soft): descriptors held by clients or by a burst of work must not
+    run out under the controller while it holds changes."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass                              # e.g. above fs.nr_open: the soft limit stays
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _set_hup(lambda *_: EARLY_HUPS.append(True))   # a reload asked while starting is not a hangup
     only = _actuator_help_asked(argv)
     if only is not None:
         print(f"usage: reflexarc act {only} PARAM=VALUE ... [--pid PID | --cgroup PATH | --job NAME] [--mode MODE]")
         print(actuators_help(only))
         return 0
     args = build_parser().parse_args(argv)
+    _raise_fd_limit()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

@@ -157,12 +157,20 @@ class Controller:
         self._housekept = -math.inf
 
     # --- life ----------------------------------------------------------------
-    def start(self, source: str = "live", scenario: dict | None = None) -> list[tuple[str, StepResult]]:
+    def start(self, source: str = "live", scenario: dict | None = None,
+              reconciled: list[tuple[str, StepResult]] | None = None) -> list[tuple[str, StepResult]]:
+        """Reconcile what a previous process left applied (unless the caller did,
+        first thing, and passes its ``reconciled`` results), then audit the run
+        and the reconcile: an audit that cannot be written never keeps the
+        journal from being reconciled."""
+        if reconciled is None:
+            reconciled = self.executor.reconcile()
+            if self.journal is not None:
+                self.journal.compact()
         self.audit.write("run", source=source, mode_override=self.mode_override,
                          started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                          policies=describe_policies(self.policies), scenario=scenario)
-        results = self.executor.reconcile()
-        for jid, res in results:
+        for jid, res in reconciled:
             change = res.change
             self.audit.write("action", policy=change.target.selector.get("policy", "") if change else "",
                              rule=change.target.selector.get("rule", "") if change else "",
@@ -171,10 +179,8 @@ class Controller:
                              step=None, actuator=change.actuator if change else None, params=None,
                              outcome=res.outcome, change=_change_view(change), journal_id=jid,
                              error=res.error, note="reconciled at start")
-        if self.journal is not None:
-            self.journal.compact()
         self._prepare_actuators(self._enforced_actuators())
-        return results
+        return reconciled
 
     def _enforced_actuators(self) -> set[str]:
         return {a.actuator for p in self.policies if self.mode_for(p) == "enforce" for r in p.rules for a in r.actions}
@@ -235,7 +241,7 @@ class Controller:
         self.metrics.forget(slot.policy.name, slot.rule.name, run.target_key)
         self.audit.forget(run.scope_key)
         self.audit.write("retire", policy=slot.policy.name, rule=slot.rule.name, target=run.target_key,
-                         target_labels=run.labels, state=run.state, last_seen=run.last_seen(),
+                         target_labels=run.labels, state=run.state, last_seen=getattr(self.clock, "to_wall", float)(run.last_seen()),
                          **({"note": note} if note else {}))
 
     def _contain(self, policy: str, rule: str, target: str, exc: Exception, run: RuleRun | None) -> None:
@@ -396,9 +402,9 @@ class Controller:
             res = self.executor.refresh(ac.change, ac.journal_id, ac.mode)
             if res is None:
                 continue
-            if res.outcome is Outcome.TARGET_GONE:
+            if res.outcome in (Outcome.TARGET_GONE, Outcome.REVERTED):   # reverted: it could not be journaled
                 gone.append(ac)
-                self.audit_action(run, ac.step, ac.change, res.outcome, ac.journal_id, None, ac.mode)
+                self.audit_action(run, ac.step, ac.change, res.outcome, ac.journal_id, res.error, ac.mode)
             else:
                 ac.change = res.change
         for notice in run.notices:

@@ -4,8 +4,11 @@
 bounded), journals ``applied``; a failed apply is reverted before the error is
 reported, so nothing is left half-applied. A journal that cannot take the intent
 refuses the step before anything is applied (``FAILED``, "refused before apply");
-a later step it cannot take (``applied``, ``reverted``) is named in
-``unrecorded``: the system change was made, the journal still shows it open.
+one that cannot take the ``applied`` mark (or a refreshed change) gets the
+change undone (``FAILED``; ``REVERTED`` for a refresh): nothing stays applied
+that the journal does not list. A ``reverted`` step it cannot take is named in
+``unrecorded``: the change was reverted, the journal still shows it open, and
+the next start reverts it again (reverting is idempotent).
 ``dry-run`` stops after the plan and returns the diff. ``alert-only`` stops
 after the plan and raises an alert that describes the change instead.
 Notify-only actuators (alert, log) send in ``enforce`` and ``alert-only`` and
@@ -136,6 +139,9 @@ class Executor:
                                       note=f"apply failed: {exc}" + ("" if undone else "; revert failed"))
             return StepResult(Outcome.FAILED, change, jid, str(exc), unrecorded=unrecorded)
         unrecorded = self._record(jid, Outcome.APPLIED)
+        if unrecorded and self._undo_partial(act, change):   # no change stays applied that the journal lacks
+            return StepResult(Outcome.FAILED, change, jid, f"applied, then undone: the journal could not record "
+                                                           f"it ({unrecorded})", unrecorded=unrecorded)
         self._fault("after-apply")
         return StepResult(Outcome.APPLIED, change, jid, unrecorded=unrecorded)
 
@@ -185,6 +191,12 @@ class Executor:
         if grown is None:
             return None
         unrecorded = self._record(journal_id, Outcome.APPLIED, note="refreshed", change=grown.to_dict())
+        if unrecorded and self._undo_partial(act, grown):
+            # what the journal cannot list is not left applied: the whole change is
+            # undone, its entry stays open for the next start (reverting is idempotent)
+            return StepResult(Outcome.REVERTED, grown, journal_id, f"grown, then undone: the journal could not "
+                                                                    f"record it ({unrecorded})",
+                              unrecorded=unrecorded)
         return StepResult(Outcome.APPLIED, grown, journal_id, unrecorded=unrecorded)
 
     def revert(self, change: Change, journal_id: str | None, mode: str) -> StepResult:

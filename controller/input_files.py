@@ -21,6 +21,7 @@ Overhead: one ``stat`` and one ``fstat`` per file.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -65,14 +66,18 @@ def check_regular(path: str | Path) -> None:
         raise InputFileError(path, f"is {kind_of(st.st_mode)}, not a regular file")
 
 
-def open_regular(path: str | Path, text: bool = False) -> IO:
+def open_regular(path: str | Path, text: bool = False, follow: bool = True) -> IO:
     """``path`` opened for reading (binary, or UTF-8 text with undecodable bytes
-    replaced), refused unless it is a regular file when stat'ed and when open."""
+    replaced), refused unless it is a regular file when stat'ed and when open;
+    with ``follow=False`` a symbolic link is refused too."""
+    if not follow and os.path.islink(path):
+        raise InputFileError(path, "is a symbolic link, not followed")
     check_regular(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
     except OSError as exc:
-        raise InputFileError(path, _reason(exc)) from None
+        raise InputFileError(path, "is a symbolic link, not followed" if exc.errno == errno.ELOOP and not follow
+                             else _reason(exc)) from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):               # replaced between the stat and the open
         os.close(fd)

@@ -14,6 +14,12 @@ Example::
     j.open_entries()        # -> entries neither reverted nor closed
     j.warnings              # -> ["/var/lib/reflexarc/journal.jsonl:3: warning: not JSON: skipped"]
 
+Every intent carries the journal's format version (``"v": FORMAT``); a
+journal holding a newer one (written by a newer reflexarc) is refused as a
+whole (``JournalTooNew``) rather than read in part. An entry this version
+cannot revert (an actuator it does not know) stays open until ``reflexarc
+rollback --forget ID --reason TEXT`` closes it as ``forgotten`` (audited).
+
 Damage never hides an open change:
 
 - every append starts on a line of its own: a torn last line (a write cut
@@ -25,6 +31,11 @@ Damage never hides an open change:
 - a file that cannot be written (immutable, read-only filesystem) is still read:
   ``unwritable`` says why, and ``intent``/``mark`` raise ``JournalWriteError``
   instead of writing, so the executor refuses a change it cannot journal first.
+
+The journal, its lock file and the compaction's temporary file are opened
+with ``O_NOFOLLOW`` and created 0600: a link planted in the state directory
+is refused, never written through (``cli.py`` also refuses a state directory
+other users may write to).
 
 Overhead: one small write + fsync per step (~0.1-2 ms on an SSD), plus an fstat
 and a one-byte read to check the last line is ended; nothing per tick. An
@@ -48,7 +59,10 @@ from .input_files import InputFileError, check_regular, open_regular
 from .policy.model import ON_RESTART
 
 OPEN_STATES = ("intent", "applied")
-STATES = frozenset({"intent", Outcome.APPLIED, Outcome.FAILED, Outcome.REVERTED, Outcome.TARGET_GONE, Outcome.KEPT})
+STATES = frozenset({"intent", Outcome.APPLIED, Outcome.FAILED, Outcome.REVERTED, Outcome.TARGET_GONE, Outcome.KEPT,
+                    Outcome.FORGOTTEN})
+FORMAT = 1          # the journal's format (major) version: every intent carries it as "v"
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC   # the journal, its lock and its compaction are never links
 JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
               type(None): "null"}
 log = logging.getLogger("reflexarc.journal")
@@ -56,6 +70,11 @@ log = logging.getLogger("reflexarc.journal")
 
 class JournalLocked(RuntimeError):
     pass
+
+
+class JournalTooNew(InputFileError):
+    """The journal was written by a newer reflexarc, in a format this one cannot
+    be sure to revert from."""
 
 
 class JournalWriteError(Exception):
@@ -126,13 +145,16 @@ def _write_all(fd: int, data: bytes) -> None:
 class Journal:
     def __init__(self, path: str | Path, clock=None) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._clock = clock
+        if self.path.is_symlink():
+            raise InputFileError(self.path, "is a symbolic link, not followed: the journal is written "
+                                            "where it is, never through a link")
         lock_path = self.path.with_name(self.path.name + ".lock")
         try:
-            self._lock = open(lock_path, "a")
-        except OSError:
-            self._lock = open(lock_path)        # a read-only filesystem: an existing lock file still locks
+            self._lock = os.fdopen(os.open(lock_path, NOFOLLOW | os.O_RDWR | os.O_CREAT, 0o600), "r+")
+        except OSError:                         # a read-only filesystem: an existing lock file still locks
+            self._lock = os.fdopen(os.open(lock_path, NOFOLLOW | os.O_RDONLY), "r")
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -150,7 +172,11 @@ class Journal:
             self._writer()
         except OSError as exc:
             self.unwritable = exc.strerror or str(exc)
-        self._load()
+        try:
+            self._load()
+        except InputFileError:
+            self.close()
+            raise
 
     # --- reading ---------------------------------------------------------
     def _load(self) -> None:
@@ -158,7 +184,7 @@ class Journal:
         self.damaged: list[Damage] = []
         self.warnings: list[str] = []
         try:
-            with open_regular(self.path) as fh:
+            with open_regular(self.path, follow=False) as fh:
                 data = fh.read()
         except InputFileError:
             if not os.path.lexists(self.path):    # not writable and never written: nothing journaled
@@ -190,6 +216,11 @@ class Journal:
             self.damaged.append(Damage(n, problem, raw))
             self._warn(n, f"{problem}: skipped")
             return
+        version = rec.get("v", 1)
+        if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT:
+            raise JournalTooNew(self.path, f"line {n}: journal format {version!r}, written by a newer reflexarc "
+                                           f"(this one reads format {FORMAT}); run that version's "
+                                           f"'reflexarc rollback --all', or upgrade")
         if rec["state"] == "intent":
             self._drop_unusable(n, rec)
         self._fold(rec)
@@ -231,11 +262,11 @@ class Journal:
     def _writer(self) -> int:
         """The append descriptor, opened on first need (again after a failure to)."""
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            self._fd = os.open(self.path, NOFOLLOW | os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         return self._fd
 
     def _write(self, rec: dict) -> None:
-        rec["ts"] = self._clock.now() if self._clock else time.time()
+        rec["ts"] = getattr(self._clock, "wall", self._clock.now)() if self._clock else time.time()
         line = (json.dumps(rec, sort_keys=True, default=str) + "\n").encode()
         try:
             fd = self._writer()
@@ -255,7 +286,7 @@ class Journal:
 
     def intent(self, change: dict, policy: str = "", rule: str = "", on_restart: str = "revert") -> str:
         jid = uuid.uuid4().hex[:12]
-        self._write({"id": jid, "state": "intent", "change": change, "policy": policy,
+        self._write({"id": jid, "state": "intent", "v": FORMAT, "change": change, "policy": policy,
                      "rule": rule, "on_restart": on_restart})
         return jid
 
@@ -276,14 +307,16 @@ class Journal:
         tmp = self.path.with_name(self.path.name + ".compacting")
         records = []
         for e in self.open_entries():
-            records.append({"id": e.id, "state": "intent", "change": e.change, "policy": e.policy,
+            records.append({"id": e.id, "state": "intent", "v": FORMAT, "change": e.change, "policy": e.policy,
                             "rule": e.rule, "on_restart": e.on_restart, "ts": 0})
             if e.state != "intent":
                 records.append({"id": e.id, "state": e.state, "ts": 0})
         data = b"".join([d.raw + b"\n" for d in self.damaged]
                         + [(json.dumps(r, sort_keys=True, default=str) + "\n").encode() for r in records])
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()                  # whatever is there (a planted link) is not written through
+            fd = os.open(tmp, NOFOLLOW | os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 _write_all(fd, data)
                 os.fsync(fd)

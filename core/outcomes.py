@@ -29,6 +29,7 @@ class Outcome(StrEnum):
     ADOPTED = "adopted"            # a restarted controller kept a change (on_restart: adopt)
     KEPT = "kept"                  # rollback: never; the journal entry is closed
     TARGET_GONE = "target-gone"    # the process or object the change was made for no longer exists
+    FORGOTTEN = "forgotten"        # an operator closed the entry without a revert (rollback --forget)
 
 
 WOULD_HAVE_ACTED = frozenset({Outcome.PLANNED, Outcome.ALERTED})

@@ -16,6 +16,19 @@ What a target guard needs is here too: a kernel thread's ``PF_KTHREAD`` flag
 and a cgroup named by its path under the cgroup2 mount (``/sys/fs/cgroup/job``)
 or inside the hierarchy (``/job``) alike.
 
+Gone or unknown: a read that fails with ENOENT or ESRCH (at open, listing or
+read) means the process or thread is gone. Any other failure (EMFILE or ENFILE
+when this process or the node is out of file descriptors, EACCES, EIO, ENOMEM)
+says nothing about the task. By default the methods answer as for a gone task
+(None, empty), which is what probes and job discovery want; with
+``strict=True`` they raise ``ProcUnreadable``, an OSError carrying the errno
+and the path (``/proc/812/stat: Too many open files``). ``alive(pid, start)``
+is always strict: False only when the task is gone or its pid now names
+another task. Opening a file takes a descriptor before the path is looked up,
+so a strict read whose open fails looks the path up once more with ``stat``
+(which needs none): a task whose entry is missing reads as gone even under
+EMFILE, one whose entry is there but unreadable as unknown.
+
 Example::
 
     procfs = ProcFS("/proc")
@@ -23,7 +36,8 @@ Example::
     for pid in workers:
         start = procfs.start_time(pid)
         tids = procfs.threads(pid)
-        procfs.alive(pid, start)          # False once the pid is gone or reused
+        procfs.alive(pid, start)          # False once the pid is gone or reused;
+                                          # ProcUnreadable when it cannot tell (EMFILE...)
     procfs.kernel_thread(2), procfs.nspid(4242)   # True, [4242] (or [4242, 1] for a container's init)
 
 Overhead: one small file read per process looked at (plain open/read/close,
@@ -34,6 +48,7 @@ mounts are read once per ProcFS.
 """
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -44,6 +59,16 @@ TASK_COMM_LEN = 16                # the kernel's buffer for a task name, NUL inc
 COMM_BYTES = TASK_COMM_LEN - 1    # so it keeps 15 bytes of a name
 PF_KTHREAD = 0x00200000           # task flag (field 9 of stat) of a kernel thread
 KTHREADD = 2                      # the parent of every kernel thread, on the host
+GONE = frozenset({errno.ENOENT, errno.ESRCH})   # the errnos that mean the task is gone
+
+
+class ProcUnreadable(OSError):
+    """A file or directory under the proc root could not be read for a reason that
+    says nothing about its task (EMFILE, ENFILE, EACCES, EIO, ENOMEM...):
+    ``errno``, ``strerror`` and ``filename`` are those of the failed call."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
 
 
 class ProcStat(NamedTuple):
@@ -64,39 +89,58 @@ class ProcFS:
     def _path(self, parts) -> str:
         return os.path.join(self.root, *map(str, parts))
 
-    def _read(self, *parts: str | int, limit: int = 1 << 20) -> bytes | None:
-        """The file's bytes (at most ``limit``), or None when it (or its process) is gone."""
-        try:
-            fd = os.open(self._path(parts), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
+    @staticmethod
+    def _failed(path: str, exc: OSError, strict: bool) -> None:
+        """After ``exc`` from opening, listing or reading ``path``: return when the
+        task is gone (or, unless ``strict``, whatever the cause), else raise
+        ProcUnreadable."""
+        if exc.errno in GONE or not strict:
             return None
+        try:
+            os.stat(path)             # a path lookup without a descriptor
+        except OSError as again:
+            if again.errno in GONE:
+                return None
+        raise ProcUnreadable(exc.errno, exc.strerror or str(exc), path) from exc
+
+    def _read(self, *parts: str | int, limit: int = 1 << 20, strict: bool = False) -> bytes | None:
+        """The file's bytes (at most ``limit``), or None when it (or its task) is
+        gone; when it cannot be read, None too, or ProcUnreadable when ``strict``."""
+        path = self._path(parts)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            return self._failed(path, exc, strict)
         try:
             chunks, size = [], 0
             while size < limit and (chunk := os.read(fd, min(65536, limit - size))):
                 chunks.append(chunk)
                 size += len(chunk)
             return b"".join(chunks)
-        except OSError:          # the process exited between open and read
-            return None
+        except OSError as exc:   # ESRCH: the task exited between open and read
+            return self._failed(path, exc, strict)
         finally:
             os.close(fd)
 
-    def _listdir(self, *parts: str | int) -> list[int]:
+    def _listdir(self, *parts: str | int, strict: bool = False) -> list[int]:
+        path = self._path(parts)
         try:
-            return sorted(int(n) for n in os.listdir(self._path(parts)) if n.isdigit())
-        except OSError:
+            return sorted(int(n) for n in os.listdir(path) if n.isdigit())
+        except OSError as exc:
+            self._failed(path, exc, strict)
             return []
 
-    def pids(self) -> list[int]:
+    def pids(self, strict: bool = False) -> list[int]:
         """Every process (tgid) visible under the root."""
-        return self._listdir()
+        return self._listdir(strict=strict)
 
-    def threads(self, pid: int) -> list[int]:
-        """Thread ids of process ``pid`` (empty once it has exited)."""
-        return self._listdir(pid, "task")
+    def threads(self, pid: int, strict: bool = False) -> list[int]:
+        """Thread ids of process ``pid`` (empty once it has exited; when the list
+        cannot be read, empty too, or ProcUnreadable when ``strict``)."""
+        return self._listdir(pid, "task", strict=strict)
 
-    def _comm(self, pid: int) -> bytes | None:
-        raw = self._read(pid, "comm")
+    def _comm(self, pid: int, strict: bool = False) -> bytes | None:
+        raw = self._read(pid, "comm", strict=strict)
         return None if raw is None else raw.rstrip(b"\n")
 
     def comm(self, pid: int) -> str | None:
@@ -109,15 +153,17 @@ class ProcFS:
         raw = self._read(pid, "cmdline", limit=4096) or b""
         return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
 
-    def _stat_fields(self, pid: int, tid: int | None = None) -> list[bytes]:
+    def _stat_fields(self, pid: int, tid: int | None = None, strict: bool = False) -> list[bytes]:
         """Fields 3.. of ``stat`` (state, ppid, ...); empty when the task is gone."""
-        raw = self._read(pid, "stat") if tid is None else self._read(pid, "task", tid, "stat")
+        parts = (pid, "stat") if tid is None else (pid, "task", tid, "stat")
+        raw = self._read(*parts, strict=strict)
         # The comm (field 2) may hold spaces and parentheses: split after the last ')'.
         return raw.rpartition(b")")[2].split() if raw else []
 
-    def stat(self, pid: int, tid: int | None = None) -> ProcStat | None:
-        """Parent pid and start time of a process, or of one of its threads."""
-        fields = self._stat_fields(pid, tid)
+    def stat(self, pid: int, tid: int | None = None, strict: bool = False) -> ProcStat | None:
+        """Parent pid and start time of a process, or of one of its threads; None
+        when it is gone (ProcUnreadable when ``strict`` and it cannot be read)."""
+        fields = self._stat_fields(pid, tid, strict)
         try:
             return ProcStat(int(fields[1]), int(fields[19]))
         except (IndexError, ValueError):
@@ -159,27 +205,31 @@ class ProcFS:
         except (OSError, ValueError):
             return os.getpid()
 
-    def start_time(self, pid: int, tid: int | None = None) -> int | None:
-        st = self.stat(pid, tid)
+    def start_time(self, pid: int, tid: int | None = None, strict: bool = False) -> int | None:
+        """Field 22 of ``stat``; None when the task is gone (ProcUnreadable when
+        ``strict`` and it cannot be read)."""
+        st = self.stat(pid, tid, strict)
         return None if st is None else st.start
 
     def alive(self, pid: int, start: int | None = None, tid: int | None = None) -> bool:
         """Without ``start``: process ``pid`` exists. With it: ``pid`` (or its
-        thread ``tid``) still is the task that started at ``start``."""
+        thread ``tid``) still is the task that started at ``start``: False only
+        when it is gone or the id names another task now, ProcUnreadable when its
+        ``stat`` cannot be read."""
         if start is None:
             return os.path.isdir(self._path((pid, "task")))
-        return self.start_time(pid, tid) == start
+        return self.start_time(pid, tid, strict=True) == start
 
-    def tgid(self, tid: int) -> int | None:
+    def tgid(self, tid: int, strict: bool = False) -> int | None:
         """The process a thread id belongs to (the id itself for a main thread)."""
-        for line in (self._read(tid, "status") or b"").splitlines():
+        for line in (self._read(tid, "status", strict=strict) or b"").splitlines():
             if line.startswith(b"Tgid:"):
                 return int(line.split()[1])
         return None
 
-    def cgroups(self, pid: int) -> list[str]:
+    def cgroups(self, pid: int, strict: bool = False) -> list[str]:
         """The cgroup path of ``pid`` in each hierarchy (v1 controllers and the v2 one)."""
-        text = (self._read(pid, "cgroup") or b"").decode(errors="replace")
+        text = (self._read(pid, "cgroup", strict=strict) or b"").decode(errors="replace")
         return [line.split(":", 2)[2] for line in text.splitlines() if line.count(":") >= 2]
 
     def cgroup2(self, pid: int) -> str | None:
@@ -203,45 +253,47 @@ class ProcFS:
                 return "/" + path[len(mount):].strip("/")
         return path
 
-    def in_cgroup(self, pid: int, cgroup: str) -> bool:
+    def in_cgroup(self, pid: int, cgroup: str, strict: bool = False) -> bool:
         """``pid`` sits in ``cgroup`` or below it, in any hierarchy."""
         want = self.cgroup_path(cgroup)
-        return any(path == want or path.startswith(want.rstrip("/") + "/") for path in self.cgroups(pid))
+        return any(path == want or path.startswith(want.rstrip("/") + "/")
+                   for path in self.cgroups(pid, strict))
 
-    def ancestors(self, pid: int) -> list[int]:
+    def ancestors(self, pid: int, strict: bool = False) -> list[int]:
         """``pid`` then its parent, grandparent ... up to (not including) pid 0."""
         chain = []
         while pid > 0 and pid not in chain:
             chain.append(pid)
-            st = self.stat(pid)
+            st = self.stat(pid, strict=strict)
             if st is None:
                 break
             pid = st.ppid
         return chain
 
-    def descends_from(self, pid: int, roots: Iterable[int]) -> bool:
+    def descends_from(self, pid: int, roots: Iterable[int], strict: bool = False) -> bool:
         """``pid`` is one of ``roots`` or below one of them."""
-        return not set(self.ancestors(pid)).isdisjoint(int(r) for r in roots)
+        return not set(self.ancestors(pid, strict)).isdisjoint(int(r) for r in roots)
 
     def find(self, comms: Iterable[str], pids: Iterable[int] = (), cgroup: str = "",
-             pid: int | None = None) -> list[int]:
+             pid: int | None = None, strict: bool = False) -> list[int]:
         """Processes whose name is one of ``comms`` (compared on the kernel's
         15 bytes), inside the scope given: the descendants of ``pids``, the
         ``cgroup`` subtree, and/or the one process ``pid`` (a thread id is
         resolved to its process). With no scope at all, every matching process
-        on the node."""
+        on the node. ``strict``: ProcUnreadable rather than leaving out a
+        process whose files cannot be read."""
         wanted = {comm_bytes(c) for c in comms}
         if not wanted:
             return []
         roots = [int(p) for p in pids]
         if pid is not None:
-            owner = self.tgid(int(pid))
+            owner = self.tgid(int(pid), strict)
             candidates = [owner] if owner is not None else []
         else:
-            candidates = self.pids()
-        found = [p for p in candidates if self._comm(p) in wanted]
+            candidates = self.pids(strict)
+        found = [p for p in candidates if self._comm(p, strict) in wanted]
         if roots:
-            found = [p for p in found if self.descends_from(p, roots)]
+            found = [p for p in found if self.descends_from(p, roots, strict)]
         if cgroup:
-            found = [p for p in found if self.in_cgroup(p, cgroup)]
+            found = [p for p in found if self.in_cgroup(p, cgroup, strict)]
         return found

@@ -221,12 +221,14 @@ def test_a_journal_made_immutable_while_open_refuses_and_says_so_once(tmp_path, 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero", "dir"])
 def test_a_journal_that_is_not_a_regular_file_is_refused_before_a_byte_is_read(tmp_path, kind):
-    """A FIFO nobody writes would block the reader, ``/dev/zero`` never ends:
-    refused at once, naming what it is, and the lock is let go."""
+    """A FIFO nobody writes would block the reader, ``/dev/zero`` never ends
+    (and a link is never followed): refused at once, naming what it is, and the
+    lock is let go."""
     path = tmp_path / "journal.jsonl"
     {"fifo": lambda: os.mkfifo(path), "zero": lambda: path.symlink_to("/dev/zero"), "dir": path.mkdir}[kind]()
-    what = {"fifo": "a FIFO", "zero": "a character device", "dir": "a directory"}[kind]
-    with pytest.raises(InputFileError, match=f"{path}: is {what}, not a regular file"):
+    what = {"fifo": "a FIFO, not a regular file", "zero": "a symbolic link, not followed",
+            "dir": "a directory, not a regular file"}[kind]
+    with pytest.raises(InputFileError, match=f"{path}: is {what}"):
         Journal(path)
     with pytest.raises(InputFileError):
         Journal(path)                 # not JournalLocked: the first attempt let the lock go

@@ -208,7 +208,8 @@ def test_an_append_only_journal_is_kept_uncompacted_and_run_goes_on(node, file_a
     r = node.run()
     assert r.returncode == 0, r.stderr
     assert sorted(os.sched_getaffinity(pid)) == ALL_CPUS
-    [warning] = r.stderr.splitlines()
+    reconciled, warning = r.stderr.splitlines()
+    assert reconciled.startswith("reconciled at start: ") and reconciled.endswith(" affinity reverted"), reconciled
     assert warning.endswith(f"journal {node.journal} not compacted (Operation not permitted): "
                             "going on with it uncompacted")
     assert [json.loads(x)["state"] for x in node.journal.read_text().splitlines()] == ["intent", "applied",

@@ -13,7 +13,20 @@ journal or a signal storm leaves behind, counted on the real system.
 5. a damaged or immutable/append-only journal: rollback still reverts
    (``reliability/journal_damage.py``);
 6. a signal storm: SIGTERM still exits cleanly and reverts, every sample is
-   accounted for (``reliability/storm.py``).
+   accounted for (``reliability/storm.py``);
+7. a state disk that fills up under an enforcing controller (SIGTERM at once,
+   after running on, a SIGKILL and a restart while full), and another user
+   holding more idle connections to the metrics port than the controller has
+   descriptors: every change is reverted, nothing is closed as gone that is
+   not (``reliability/exhaustion.py``);
+8. links planted in the state directory, or a state directory another user
+   owns: refused, nothing written through them (``reliability/planted.py``);
+9. a journal entry of an actuator this version lacks (closed by ``rollback
+   --forget``), a journal of a newer format (refused), SIGHUP while starting
+   (``reliability/versions.py``);
+10. the wall clock stepped under a controller and a hooked script, for real
+    (libfaketime): the loop goes on and ends on time, no false step
+    (``reliability/clock_steps.py``).
 
 CI (``make test``) runs the shortened counts of ``reliability/counts.py``
 (5 kill trials per actuator, 300 fuzzed files, ...); ``REFLEXARC_SOAK=1`` runs
@@ -32,7 +45,7 @@ from pathlib import Path
 import pytest
 from conftest import require, require_bpf, require_root
 
-from reliability import cli_table, crash, journal_damage, spoof, storm
+from reliability import clock_steps, cli_table, crash, exhaustion, journal_damage, planted, spoof, storm, versions
 from reliability.counts import COUNTS, OUT_ENV
 
 LONG = 5400 if COUNTS.soak else 900          # seconds a part may take (pytest-timeout)
@@ -128,3 +141,58 @@ def test_a_signal_storm_still_shuts_down_cleanly_and_counts_every_sample(tmp_pat
     assert figures["failures"] == [], "\n".join(figures["failures"])
     assert figures["trials_ok"] == figures["trials"]
     assert figures["accounted"] == figures["samples"], "samples neither published, rejected nor dropped"
+
+
+@pytest.mark.timeout(LONG)
+def test_a_full_state_disk_never_leaves_a_change_applied(tmp_path):
+    require_root()
+    figures = exhaustion.full_disk(tmp_path, rounds=3 if COUNTS.soak else 1)
+    record("full-disk", figures)
+    assert figures["failures"] == [], "\n".join(figures["failures"])
+    assert figures["leaks"] == 0, "\n".join(figures["leak_details"])
+    assert figures["trials"] == len(exhaustion.CASES) * (3 if COUNTS.soak else 1)
+
+
+@pytest.mark.timeout(LONG)
+def test_descriptors_taken_by_another_user_never_leave_a_change_applied(tmp_path):
+    require_root()
+    require(shutil.which("setpriv") is not None, "setpriv (util-linux) to run processes as nobody")
+    figures = exhaustion.fd_exhaustion(tmp_path)
+    record("fd-exhaustion", figures)
+    assert figures["failures"] == [], "\n".join(figures["failures"])
+    assert figures["leaks"] == 0, "\n".join(figures["leak_details"])
+    assert figures["records"][0]["connected"] + figures["records"][0]["refused_connects"] == exhaustion.IDLE_CLIENTS
+
+
+def test_links_planted_in_the_state_directory_are_never_written_through(tmp_path):
+    require_root()
+    base = Path(tempfile.mkdtemp(prefix="reflexarc-reliability-planted-", dir="/tmp"))
+    try:
+        figures = planted.run_planted(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    record("planted", figures)
+    assert figures["failures"] == [], "\n".join(figures["failures"])
+    assert len(figures["cases"]) == 5
+
+
+@pytest.mark.parametrize("case", ["unknown_actuator", "newer_format", "hup_at_start"])
+def test_journals_of_other_versions_and_a_hangup_while_starting(case, tmp_path):
+    failures = getattr(versions, case)(tmp_path)
+    assert failures == [], "\n".join(failures)
+
+
+@pytest.mark.parametrize("case", ["controller_steps", "hook_steps"])
+def test_a_stepped_wall_clock_neither_stalls_the_loop_nor_fakes_a_step(case, tmp_path):
+    require(clock_steps.libfaketime() is not None, "libfaketime (apt: faketime) to step a process's wall clock")
+    failures = getattr(clock_steps, case)(tmp_path)
+    assert failures == [], "\n".join(failures)
+
+
+def test_a_metrics_port_taken_by_another_process_is_refused_after_the_reconcile(tmp_path):
+    require_root()
+    figures = exhaustion.port_taken(tmp_path)
+    record("port-taken", figures)
+    assert figures["failures"] == [], "\n".join(figures["failures"])
+    assert figures["records"][0]["live_after_kill"], "the kill left nothing applied: the case proves nothing"
+    assert figures["leaks"] == 0, "\n".join(figures["leak_details"])

@@ -51,7 +51,7 @@ from ..audit import rotated_paths
 from ..input_files import open_regular
 
 TRACKED_KINDS = ("eval", "transition", "action", "limit", "retire", "error")
-KNOWN_KINDS = ("run", "end", "reload") + TRACKED_KINDS
+KNOWN_KINDS = ("run", "end", "reload", "forget") + TRACKED_KINDS
 EVENT_KINDS = ("transition", "action")
 MALFORMED_EXAMPLES = 20
 MAX_LINE_CHARS = 8 << 20      # an audit record is a few kB; longer lines are counted as malformed
@@ -321,6 +321,7 @@ class Audit:
     malformed_count: int = 0
     malformed: list[dict] = field(default_factory=list)   # first examples: {line, reason, text}
     unknown_kinds: Counter = field(default_factory=Counter)
+    forgotten: list[dict] = field(default_factory=list)   # journal entries an operator closed unreverted
     _last_event_ts: float | None = field(default=None, repr=False)
     _journal: dict = field(default_factory=dict, repr=False)   # journal id -> (policy, rule, target, labels)
 
@@ -434,6 +435,10 @@ class Audit:
             self.unknown_kinds[rec["kind"]] += 1
             return
         kind, ts = rec["kind"], as_float(rec["ts"])
+        if kind == "forget":                 # written by 'rollback --forget', outside any run
+            self.record_count += 1
+            self.forgotten.append({k: rec.get(k) for k in ("journal_id", "actuator", "summary", "reason", "user")})
+            return
         line_no = line_no or 0
         run = self._run_for(kind, line_no)
         self.record_count += 1

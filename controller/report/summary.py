@@ -230,6 +230,9 @@ def _file_warnings(audit: Audit) -> list[str]:
                    f"(first: line {first['line']}, {first['reason']})")
     for kind, n in sorted(audit.unknown_kinds.items()):
         out.append(f"{n} record(s) of unknown kind '{kind}' ignored")
+    for f in audit.forgotten:
+        out.append(f"journal entry {f['journal_id']} ({f['actuator']}: {f['summary']}) was forgotten by uid "
+                   f"{f['user']}, not reverted: {f['reason']}")
     return out
 
 
