@@ -9,7 +9,9 @@ a one-element list; the webhook receives the alert object itself (resolved
 when ``endsAt`` is present and past). A firing alert carries no ``endsAt``, so
 Alertmanager resolves it by itself after its ``resolve_timeout`` (5 m by
 default) unless it is sent again: ``refresh`` re-sends it every
-``resend_interval`` seconds while the change is active, as Prometheus does.
+``resend_interval`` seconds while the change is active, as Prometheus does
+(counted from when it was queued, delivered or not, so a receiver that is down
+gets one copy per interval, not one per tick).
 
 Labels: the target's labels, then ``alertname`` (``reflexarc_<policy>_<rule>``),
 ``severity``, ``policy``, ``rule``, ``target`` (the target key), ``node``, then
@@ -23,42 +25,96 @@ the controller's ``audit_path``, ``audit`` (that path) and ``report`` (the
 command that writes the report of it), so whoever is paged can read the
 whole decision.
 
-Failures: connection refused, timeouts, HTTP 5xx and 429 are retried with
-tenacity (``attempts``, exponential backoff from ``backoff`` seconds) and end
-in ``TemporaryActuatorError``; other HTTP 4xx raise ``PermanentActuatorError``
-at once, as do a missing destination and bad label names.
+Delivery: ``apply``, ``revert`` and ``refresh`` never wait for a receiver.
+They check what they can at once (no receiver configured, bad label names:
+``PermanentActuatorError``) and put the alert on a bounded queue
+(``queue_size``, 256 by default); one daemon thread, started with the first
+alert, takes the alerts in order and delivers each to every configured
+receiver on its own, so Alertmanager failing does not keep the alert from the
+webhook, nor the other way round. A full queue raises ``PermanentActuatorError``
+naming how many alerts are undelivered (the executor does not retry it) and
+counts the alert ``dropped``.
+
+Bounds, per alert and receiver: all attempts end within ``deadline`` seconds
+(10 by default); each request waits at most ``min(timeout, time left)`` for
+each socket operation, and the deadline is checked again between reads.
+Connection errors, timeouts, HTTP 5xx and 429 are retried (at most
+``attempts`` in all, exponential backoff from ``backoff`` seconds, never past
+the deadline); other HTTP 4xx are not retried. At most ``REPLY_LIMIT`` bytes
+(64 KiB) of any reply body are read, success or error; the connection is then
+closed.
+
+Counters: ``deliveries`` (a ``collections.Counter``) keyed ``(receiver,
+outcome)``, receiver ``"alertmanager"`` or ``"webhook"``, outcome ``"sent"``,
+``"failed"`` (the receiver refused it or the deadline passed; one error line
+each on the ``reflexarc.actuators.alert`` logger, naming the receiver and why)
+or ``"dropped"`` (never tried to the end: the queue was full, or ``close``
+came first); ``last_error`` maps a receiver to the reason of its latest
+failure. ``pending`` is the number of alerts queued or being delivered.
+
+``flush(timeout)`` waits until every queued alert has been delivered or has
+failed. ``close(timeout=CLOSE_WAIT)`` waits at most ``timeout`` seconds (1 s)
+for that, then stops the thread, dropping (and counting) what is still queued;
+it never waits on a receiver that hangs, so a shutdown that closes the
+registry stays within its bound. An alert sent after ``close`` starts a new
+thread.
 
 Example::
 
     act = AlertActuator(alertmanager_url="http://127.0.0.1:9093")
     target = Target({"job": "llama"}, {"policy": "numa", "rule": "loader_slow"})
     change = act.plan(target, {"severity": "warning", "summary": "loader P99 3x baseline"})
-    act.apply(change)     # firing
-    act.revert(change)    # resolved
+    act.apply(change)     # queued; firing once delivered
+    act.revert(change)    # queued; resolved once delivered
+    act.flush(10)         # True: both delivered or failed
+    act.deliveries        # Counter({('alertmanager', 'sent'): 2})
 
-Overhead: one small HTTP POST per destination on apply, revert and resend;
-nothing between.
+Overhead: on the caller's thread a queue put per apply, revert and due
+resend (microseconds); one thread that sleeps on the queue, and one small
+HTTP POST per receiver per alert; memory at most ``queue_size`` alerts
+(about 1 KB each).
 """
 from __future__ import annotations
 
+import http.client
 import json
+import logging
 import os
+import queue
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from datetime import datetime, timezone
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import (Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, stop_when_event_set,
+                      wait_exponential)
 
-from .base import EVIDENCE_PARAM, Actuator, Change, PermanentActuatorError, Target, TemporaryActuatorError
+from .base import EVIDENCE_PARAM, Actuator, Change, PermanentActuatorError, Target
 from .specs import SPECS
 
+log = logging.getLogger("reflexarc.actuators.alert")
+
 LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+REPLY_LIMIT = 64 * 1024    # bytes of a reply body read at most
+READ_CHUNK = 16 * 1024
+CLOSE_WAIT = 1.0           # seconds close() waits for the queue to drain
+QUEUE_SIZE = 256
+DEADLINE = 10.0            # seconds for all attempts of one delivery to one receiver
 
 
 class _Retryable(Exception):
     """A failure worth another attempt."""
+
+
+class _Refused(Exception):
+    """A failure no other attempt would change (HTTP 4xx other than 429)."""
+
+
+class _Stopped(Exception):
+    """``close`` came while the delivery was under way."""
 
 
 def _iso(ts: float) -> str:
@@ -82,12 +138,101 @@ def _evidence_line(item) -> str:
     return text
 
 
+def _read_capped(stream, end: float) -> bytes:
+    """At most ``REPLY_LIMIT`` bytes of a reply body, read in chunks, none
+    started after ``end`` (a monotonic time)."""
+    read = getattr(stream, "read1", None) or stream.read
+    data = b""
+    while len(data) < REPLY_LIMIT and time.monotonic() < end:
+        chunk = read(min(READ_CHUNK, REPLY_LIMIT - len(data)))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _describe(alert: dict) -> str:
+    state = "resolved" if "endsAt" in alert else "firing"
+    return f"{alert['labels'].get('alertname', '?')} ({state}, target {alert['labels'].get('target', '?')})"
+
+
+class _Worker:
+    """One queue and the thread that empties it; ``close`` retires it whole, so a
+    thread still stuck in a request never touches the queue of the next one."""
+
+    def __init__(self, owner: "AlertActuator", size: int) -> None:
+        self.owner = owner
+        self.queue: queue.Queue = queue.Queue(maxsize=size)
+        self.stop = threading.Event()
+        self.idle = threading.Condition()
+        self.pending = 0           # queued or being delivered
+        self.thread = threading.Thread(target=self._run, name="reflexarc-alert", daemon=True)
+        self.thread.start()
+
+    def put(self, deliveries: list) -> bool:
+        with self.idle:
+            try:
+                self.queue.put_nowait(deliveries)
+            except queue.Full:
+                return False
+            self.pending += 1
+        return True
+
+    def flush(self, timeout: float | None) -> bool:
+        with self.idle:
+            return self.idle.wait_for(lambda: self.pending == 0, timeout)
+
+    def _done(self, count: int = 1) -> None:
+        with self.idle:
+            self.pending -= count
+            if self.pending <= 0:
+                self.idle.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            try:
+                for receiver, url, payload, what in item:
+                    if self.stop.is_set():
+                        self.owner._count(receiver, "dropped")
+                    else:
+                        self.owner._deliver(receiver, url, payload, what, self.stop)
+            except Exception:        # the thread outlives any one alert
+                log.exception("alert delivery failed unexpectedly")
+            finally:
+                self._done()
+            if self.stop.is_set():
+                return
+
+    def retire(self, timeout: float) -> list:
+        """Wait up to ``timeout`` s for the queue to drain, then stop; the
+        deliveries still queued, which will not be made."""
+        self.flush(timeout)
+        self.stop.set()
+        left = []
+        while True:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                left.append(item)
+        if left:
+            self._done(len(left))
+        self.queue.put_nowait(None)      # wakes a thread waiting for work; one stuck in a request exits after it
+        self.thread.join(0.05)
+        return left
+
+
 class AlertActuator(Actuator):
     spec = SPECS["alert"]
 
     def __init__(self, alertmanager_url: str | None = None, webhook_url: str | None = None,
                  node: str | None = None, timeout: float = 5.0, attempts: int = 4, backoff: float = 0.25,
-                 resend_interval: float = 60.0, audit_path: str | None = None) -> None:
+                 resend_interval: float = 60.0, audit_path: str | None = None, deadline: float = DEADLINE,
+                 queue_size: int = QUEUE_SIZE) -> None:
         self.audit_path = audit_path
         self.alertmanager_url = alertmanager_url.rstrip("/") if alertmanager_url else None
         self.webhook_url = webhook_url
@@ -95,8 +240,15 @@ class AlertActuator(Actuator):
         self.timeout = timeout
         self.attempts = attempts
         self.backoff = backoff
+        self.deadline = deadline
+        self.queue_size = queue_size
         self.resend_interval = resend_interval
-        self._sent: dict[str, float] = {}       # alert identity -> last time it was sent
+        self.deliveries: Counter = Counter()   # (receiver, "sent" | "failed" | "dropped") -> alerts
+        self.last_error: dict[str, str] = {}   # receiver -> why its latest delivery failed
+        self._sent: dict[str, float] = {}       # alert identity -> last time it was queued
+        self._worker: _Worker | None = None
+        self._lock = threading.Lock()           # guards _worker
+        self._counts_lock = threading.Lock()    # guards deliveries
 
     def read_current(self, target: Target) -> None:
         return None
@@ -138,44 +290,127 @@ class AlertActuator(Actuator):
             self._send(change.after)
         return None
 
+    @property
+    def pending(self) -> int:
+        """Alerts queued or being delivered."""
+        worker = self._worker
+        return worker.pending if worker else 0
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` s (None: as long as it takes, at most about
+        ``deadline`` per queued alert and receiver) until every queued alert was
+        delivered or failed; whether it came to that."""
+        worker = self._worker
+        return worker.flush(timeout) if worker else True
+
+    def close(self, timeout: float = CLOSE_WAIT) -> None:
+        """Wait up to ``timeout`` s for the queued alerts to go out, then stop the
+        delivery thread without waiting for a receiver; what is still queued is
+        dropped and counted."""
+        with self._lock:
+            worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        left = worker.retire(timeout)
+        for item in left:
+            for receiver, *_ in item:
+                self._count(receiver, "dropped")
+        if left:
+            log.warning("closing: %d alert(s) not delivered, dropped (%s)", len(left),
+                        ", ".join(_describe(item[0][3]) for item in left[:5]) + (", ..." if len(left) > 5 else ""))
+
     @staticmethod
     def _identity(alert: dict) -> str:
         return json.dumps(alert["labels"], sort_keys=True)
 
+    def _count(self, receiver: str, outcome: str) -> None:
+        with self._counts_lock:
+            self.deliveries[(receiver, outcome)] += 1
+
     def _send(self, alert: dict) -> None:
-        if not (self.alertmanager_url or self.webhook_url):
+        deliveries = []
+        if self.alertmanager_url:
+            deliveries.append(("alertmanager", f"{self.alertmanager_url}/api/v2/alerts", [alert], alert))
+        if self.webhook_url:
+            deliveries.append(("webhook", self.webhook_url, alert, alert))
+        if not deliveries:
             raise PermanentActuatorError("no alert receiver is configured: give --alertmanager-url or --webhook-url "
                                          "(or REFLEXARC_ALERTMANAGER_URL, REFLEXARC_WEBHOOK_URL)")
-        if self.alertmanager_url:
-            self._post(f"{self.alertmanager_url}/api/v2/alerts", [alert])
-        if self.webhook_url:
-            self._post(self.webhook_url, alert)
+        with self._lock:          # a concurrent close() retires the worker before or after, never during
+            if self._worker is None:
+                self._worker = _Worker(self, self.queue_size)
+            worker = self._worker
+            queued = worker.put(deliveries)
+        if not queued:
+            for receiver, *_ in deliveries:
+                self._count(receiver, "dropped")
+            raise PermanentActuatorError(f"alert {_describe(alert)} dropped: {worker.pending} alerts are still "
+                                         f"undelivered (queue of {self.queue_size} full; "
+                                         f"receivers failing: {', '.join(sorted(self.last_error)) or 'none yet'})")
         if "endsAt" in alert:
             self._sent.pop(self._identity(alert), None)
         else:
             self._sent[self._identity(alert)] = time.monotonic()
 
-    def _post(self, url: str, payload) -> None:
+    def _deliver(self, receiver: str, url: str, payload, what: dict, stop: threading.Event) -> None:
+        """Deliver one alert to one receiver within ``deadline``; counted and,
+        when it fails, logged."""
         body = json.dumps(payload).encode()
+        end = time.monotonic() + self.deadline
+        tries = 0
+        last: list[str] = []
 
         def attempt() -> None:
+            nonlocal tries
+            if stop.is_set():
+                raise _Stopped("closed")
+            left = end - time.monotonic()
+            if left <= 0:
+                raise _Refused(f"deadline of {self.deadline:g} s passed")
+            tries += 1
             request = urllib.request.Request(url, data=body, method="POST",
                                              headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    response.read()
+                with urllib.request.urlopen(request, timeout=min(self.timeout, left)) as response:
+                    _read_capped(response, end)
             except urllib.error.HTTPError as exc:
-                detail = exc.read()[:300].decode(errors="replace").strip()
+                try:
+                    detail = _read_capped(exc, end)[:300].decode(errors="replace").strip()
+                except (OSError, http.client.HTTPException):
+                    detail = ""
+                finally:
+                    exc.close()
+                reason = f"HTTP {exc.code} {detail}".strip()
                 if exc.code >= 500 or exc.code == 429:
-                    raise _Retryable(f"{url}: HTTP {exc.code} {detail}") from exc
-                raise PermanentActuatorError(f"{url} refused the alert: HTTP {exc.code} {detail}") from exc
-            except (urllib.error.URLError, OSError) as exc:
-                raise _Retryable(f"{url}: {getattr(exc, 'reason', exc)}") from exc
+                    last[:] = [reason]
+                    raise _Retryable(reason) from exc
+                raise _Refused(f"refused: {reason}") from exc
+            except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+                last[:] = [str(getattr(exc, "reason", None) or exc or type(exc).__name__)]
+                raise _Retryable(last[0]) from exc
 
-        retrying = Retrying(stop=stop_after_attempt(self.attempts), reraise=True,
+        def sleep(seconds: float) -> None:
+            stop.wait(max(0.0, min(seconds, end - time.monotonic())))
+
+        retrying = Retrying(stop=stop_after_attempt(self.attempts) | stop_after_delay(self.deadline)
+                            | stop_when_event_set(stop),
                             wait=wait_exponential(multiplier=self.backoff, max=8 * self.backoff),
-                            retry=retry_if_exception_type(_Retryable))
+                            retry=retry_if_exception_type(_Retryable), sleep=sleep, reraise=True)
         try:
             retrying(attempt)
-        except _Retryable as exc:
-            raise TemporaryActuatorError(f"{exc} (gave up after {self.attempts} attempts)") from exc
+        except _Stopped:
+            self._count(receiver, "dropped")
+            return
+        except (_Retryable, _Refused) as exc:
+            if stop.is_set():
+                self._count(receiver, "dropped")
+                return
+            reason = str(exc)
+            if not isinstance(exc, _Refused) or reason.startswith("deadline"):
+                reason = f"{last[0] if last else reason} (gave up after {tries} attempt(s) in " \
+                         f"{self.deadline - max(0.0, end - time.monotonic()):.1f} s)"
+            self.last_error[receiver] = reason
+            self._count(receiver, "failed")
+            log.error("alert %s not delivered to %s %s: %s", _describe(what), receiver, url, reason)
+            return
+        self._count(receiver, "sent")

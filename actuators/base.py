@@ -184,6 +184,10 @@ class Registry:
             self._instances[name] = factory()
         return self._instances[name]
 
+    def built(self, name: str) -> Actuator | None:
+        """The instance of ``name`` if one was built, without building it."""
+        return self._instances.get(name)
+
     def discard(self, name: str) -> None:
         """Close the instance of ``name``, if one was built, so the next ``get``
         builds it from its factory again (after the configuration it reads

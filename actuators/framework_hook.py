@@ -49,7 +49,8 @@ Overhead: one Unix-socket round trip per endpoint and request (0.1-0.5 ms plus t
 handler's own time; at a step boundary, up to one training step more, the same for all
 endpoints since they are called at once), plus a SO_PEERCRED and a ``stat`` read of
 the serving process per connection (~20 us); a scan lists the hook directory and each
-job directory in it.
+job directory in it. ``read_signals`` reads on up to ``MAX_PARALLEL_READS`` threads
+started per call (~50 us each).
 """
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ SOCKET_NAME = re.compile(rf"(?P<job>{JOB_CHARS}+)-(?P<rank>\d+)-(?P<pid>\d+)\.so
 GRACE = 1.0          # seconds the client waits beyond the script's own step-boundary deadline
 MAX_REPLY = 1 << 20
 MAX_SIGNALS_REPLY = 16 << 10   # bytes of a ``signals`` reply line (a script's is ~400)
+MAX_PARALLEL_READS = 32        # sockets read at once by ``read_signals``
 RETRYABLE = (errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ECONNRESET, errno.EPIPE)
 PERMANENT_KINDS = ("refused", "unknown_handler", "handler_error", "bad_request")
 
@@ -92,6 +94,11 @@ class Rejected(StrEnum):
     STALE = "stale"          # the claimed pid names another process now (its start time differs)
     SELECTOR = "selector"    # the process is outside the selector of a policy that reads its job
     REPLY = "reply"          # the reply breaks the schema: size, shape, job, signal names, numbers
+    TIMEOUT = "timeout"      # no full reply before the read's deadline (a script that does not answer)
+
+
+class HookTimeout(TemporaryActuatorError):
+    """No full reply within the wait."""
 
 
 class HookRejected(PermanentActuatorError):
@@ -266,7 +273,7 @@ class HookClient:
                     break
                 reply += chunk
         except socket.timeout:
-            raise TemporaryActuatorError(f"{path}: no reply to {op} within {wait:g}s") from None
+            raise HookTimeout(f"{path}: no reply to {op} within {wait:g}s") from None
         except FileNotFoundError:
             raise HookGone(f"{path}: socket is gone") from None
         except ConnectionRefusedError:
@@ -365,18 +372,38 @@ def read_signals(hook_dir: str, job: str | None = None, timeout: float = 1.0, pr
                  admit: Callable[[Endpoint], str | None] | None = None) -> HookSignals:
     """The latest step signals of every trusted script in ``hook_dir`` (see
     ``HookClient``, ``signals_of``); unreachable scripts are left out, untrusted
-    sockets and replies are in ``rejected``."""
+    sockets and replies are in ``rejected``. The sockets are read concurrently
+    (``MAX_PARALLEL_READS`` at a time) under one deadline, ``timeout`` seconds
+    from the call, each waiting its share of it (all of it when they fit in
+    one round): a script that does not answer in its share is in ``rejected``
+    (``timeout``), so silent sockets cost the caller one deadline, however
+    many, and cannot use up the time of the others."""
     procfs = procfs or ProcFS()
     endpoints, rejected = scan(hook_dir, job)
-    out = []
-    for ep in endpoints:
+    if not endpoints:
+        return HookSignals([], rejected)
+    deadline = time.monotonic() + timeout
+    workers = min(MAX_PARALLEL_READS, len(endpoints))
+    share = timeout / -(-len(endpoints) // workers)      # each socket's wait: all fit in the deadline
+
+    def read(ep: Endpoint):
+        wait = min(share, deadline - time.monotonic())
+        if wait <= 0:
+            raise HookRejected(Rejected.TIMEOUT, ep.path, f"not read: the {timeout:g}s deadline of this read passed")
         try:
-            reply = HookClient(ep, procfs, admit=admit, limit=MAX_SIGNALS_REPLY).request("signals", timeout)
-            out.extend(signals_of(reply, ep))
-        except HookRejected as exc:
-            rejected.append(exc)
-        except (TemporaryActuatorError, PermanentActuatorError) as exc:
-            log.debug("signals from %s: %s", ep.path, exc)
+            return HookClient(ep, procfs, admit=admit, limit=MAX_SIGNALS_REPLY).request("signals", wait)
+        except HookTimeout:
+            raise HookRejected(Rejected.TIMEOUT, ep.path, f"no reply within {wait:.2f}s") from None
+
+    out = []
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hook-read") as pool:
+        for ep, future in [(ep, pool.submit(read, ep)) for ep in endpoints]:
+            try:
+                out.extend(signals_of(future.result(), ep))
+            except HookRejected as exc:
+                rejected.append(exc)
+            except (TemporaryActuatorError, PermanentActuatorError) as exc:
+                log.debug("signals from %s: %s", ep.path, exc)
     return HookSignals(out, rejected)
 
 

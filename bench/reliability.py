@@ -1,7 +1,9 @@
 """The reliability suite at full counts (``make soak``): runs
 ``tests/test_reliability.py`` with ``REFLEXARC_SOAK=1`` (50 SIGKILL trials per
 actuator, 10,000 fuzzed policy files, the whole bad-input table, hook spoofing,
-every journal damage case, a 1.05 M-sample signal storm), gathers each part's
+every journal damage case, a 1.05 M-sample signal storm, a full state disk,
+descriptors held by another user, a taken metrics port, planted links, silent
+hook sockets, clock steps, journals of other versions), gathers each part's
 figures, writes ``bench/results/reliability.json`` and prints a table.
 
 The suite asserts the outcomes (no leak, no traceback, no hang, nothing
@@ -80,6 +82,13 @@ def gather(out: Path) -> dict:
         if part:
             part.pop("records", None)
             result[key] = part
+    for name, key in (("full-disk", "full_disk"), ("fd-exhaustion", "fd_exhaustion"), ("port-taken", "port_taken"),
+                      ("planted", "planted"), ("silent-hooks", "silent_hooks")):
+        part = _load(out, name)
+        if part:
+            part["records"] = [{k: v for k, v in r.items() if k not in ("problems",)}
+                               for r in part.get("records", [])]
+            result[key] = part
     storm = _load(out, "storm")
     if storm:
         storm["trial_details"] = [{k: t.get(k) for k in ("delay_s", "signal_at_s", "sigterm_to_exit_s", "peak_rss_mib",
@@ -129,6 +138,19 @@ def table(r: dict) -> str:
                      f"{st['accounted']:,} of {st['samples']:,} accounted",
                      f"SIGTERM to exit {_fmt(st['shutdown_worst_s'], ' s')}, peak RSS "
                      f"{_fmt(st['peak_rss_worst_mib'], ' MiB')}"))
+    for key, what in (("full_disk", "state disk full under enforce"), ("fd_exhaustion", "descriptors held by nobody"),
+                      ("port_taken", "metrics port taken at restart")):
+        p = r.get(key)
+        if p:
+            rows.append((what, str(p["trials"]), f"{p['leaks']} leaks, {len(p['failures'])} failures",
+                         f"SIGTERM to exit {_fmt(max(p['exit_s'], default=None), ' s')}"))
+    p = r.get("planted")
+    if p:
+        rows.append(("links planted in the state dir", str(len(p["cases"])), f"{len(p['failures'])} failures", "-"))
+    p = r.get("silent_hooks")
+    if p:
+        rows.append(("30 silent hook sockets", "1", f"{len(p['failures'])} failures",
+                     f"poll {_fmt(max(p['poll_s'], default=None), ' s')}, SIGTERM to exit {_fmt(p['exit_s'], ' s')}"))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")

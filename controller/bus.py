@@ -9,11 +9,16 @@ generation moved; each series counts its appends (``version``), so a reader
 can tell that nothing new arrived without reading the points.
 
 Memory is bounded whatever the sources send: a signal holds at most
-``max_series`` series (a sample that would open one more is refused:
-``Stored.SERIES_LIMIT``; room comes back as silent series expire), and a
-series at most ``max_points`` live points (the oldest one makes room:
-``Stored.SERIES_FULL``). ``publish`` says which happened; the live intake
-counts it.
+``max_series`` series, and a series at most ``max_points`` live points (the
+oldest one makes room: ``Stored.SERIES_FULL``). A sample that would open a
+series beyond the cap first makes room by dropping the signal's silent
+series, those with no sample for ``silent_after`` seconds (processes that
+exited: under worker churn they would otherwise hold the cap for the whole
+retention); only when every series is live is it refused
+(``Stored.SERIES_LIMIT``). A live series is never dropped for a new one; a
+silent one dropped so loses the older part of a window longer than
+``silent_after`` only while the signal is at its cap.
+``publish`` says which happened; the live intake counts it.
 
 Example::
 
@@ -22,7 +27,8 @@ Example::
     gen, series = bus.generation("step_time_ms"), bus.series("step_time_ms")
     lo, hi = series[0].bounds(since=0.0, until=12.0)      # indices into .ts/.vs
 
-Overhead: O(1) amortised per sample (list append, pruning in halves); a
+Overhead: O(1) amortised per sample (list append, pruning in halves); at
+the cap, a new series walks the signal's series once to drop the silent; a
 window is two binary searches in one series; ``expire``
 walks every series once (the controller calls it every few seconds). A series
 with four labels takes ~0.9 KB before its points: a signal at its cap, ~3.5 MB.
@@ -37,6 +43,7 @@ from enum import StrEnum
 
 MAX_SERIES = 4_096      # series per signal (e.g. 2 048 processes x 2 quantiles)
 MAX_POINTS = 16_384     # live points per series (a 15-minute retention at 10 samples/s fits)
+SILENT_AFTER = 10.0     # seconds without a sample after which a series may make room at the cap
 
 
 class Stored(StrEnum):
@@ -119,10 +126,11 @@ class Series:
 
 class SignalBus:
     def __init__(self, retention: float = 900.0, max_series: int = MAX_SERIES,
-                 max_points: int = MAX_POINTS) -> None:
+                 max_points: int = MAX_POINTS, silent_after: float = SILENT_AFTER) -> None:
         self.retention = retention
         self.max_series = max_series
         self.max_points = max_points
+        self.silent_after = silent_after
         self._series: dict[str, dict[tuple, Series]] = {}
         self._generation: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -135,13 +143,25 @@ class SignalBus:
                 by_name = self._series[name] = {}
             series = by_name.get(key)
             if series is None:
-                if len(by_name) >= self.max_series:
+                if len(by_name) >= self.max_series and not self._make_room(name, by_name, ts):
                     return Stored.SERIES_LIMIT
                 series = by_name[key] = Series(dict(key))
                 self._generation[name] = self._generation.get(name, 0) + 1
             if series.append(ts, float(value), ts - self.retention, self.max_points):
                 return Stored.STORED
             return Stored.SERIES_FULL
+
+    def _make_room(self, name: str, by_name: dict, now: float) -> bool:
+        """Drop every silent series of ``name`` (no sample for ``silent_after``
+        seconds before ``now``); whether there is room now. One pass frees all
+        of them at once, so churn pays it once per many new series."""
+        horizon = now - self.silent_after
+        silent = [key for key, s in by_name.items() if s.last_ts <= horizon]
+        for key in silent:
+            del by_name[key]
+        if silent:
+            self._generation[name] = self._generation.get(name, 0) + 1
+        return len(by_name) < self.max_series
 
     def generation(self, name: str) -> int:
         """Changes whenever a series of ``name`` appears or is dropped."""

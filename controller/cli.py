@@ -122,12 +122,17 @@ def _policy_error(exc) -> CliError:
     return CliError(f"{len([d for d in exc.diagnostics if d.is_error])} error(s) in policy files")
 
 
-def _load_policies(paths):
+def _load_policies(paths, withhold: bool = False):
+    """The policies of ``paths``; with ``withhold`` (a controller, which reads as
+    root), the findings of untrusted files do not quote them (``trust.withheld``)."""
     from .policy.diagnostics import PolicyError
     from .policy.loader import load_policies
+    from .policy.trust import withheld
     try:
         policies = load_policies(_paths_or_builtin(paths))
     except PolicyError as exc:
+        if withhold:
+            exc.diagnostics = withheld(exc.diagnostics)
         raise _policy_error(exc) from None
     if not policies:
         raise CliError(f"no policies in {', '.join(_paths_or_builtin(paths))}")
@@ -404,7 +409,7 @@ def cmd_run(args) -> int:
     reconciled = _reconcile(Executor(registry, journal, clock), journal)
     _output_file(str(audit_path), "the audit log")
     files = PolicyFiles(_paths_or_builtin(args.policy))   # before the load: a change while starting is reloaded
-    policies = _load_policies(args.policy)
+    policies = _load_policies(args.policy, withhold=True)
     override = None if args.mode == "policy" else args.mode
     _refuse_untrusted(policies, override)
     promql = _promql(args)
@@ -471,7 +476,8 @@ def cmd_run(args) -> int:
     ctl.start(source="live", reconciled=reconciled)
     if server is not None:
         from .exporter import export_live_state
-        export_live_state(metrics.registry, ctl.bus, manager, journal, ctl.audit)
+        export_live_state(metrics.registry, ctl.bus, manager, journal, ctl.audit,
+                          alerts=lambda: registry.built("alert"))
     try:
         summary = run_live(ctl, sources, clock, args.interval, args.duration, server, reloader=reloader)
     finally:
@@ -530,6 +536,18 @@ def cmd_jobs(args) -> int:
     return 0
 
 
+def _delivered(sender, res):
+    """``res`` once the alert it queued was delivered, or FAILED with why when
+    no receiver took it (a one-shot command has no later tick to tell)."""
+    import dataclasses
+    sender.flush(2 * sender.deadline + 5)
+    if any(outcome == "sent" and n for (_, outcome), n in sender.deliveries.items()):
+        return res
+    failed = sorted({receiver for (receiver, outcome), n in sender.deliveries.items() if n})
+    why = "; ".join(f"{r}: {sender.last_error.get(r, 'not sent')}" for r in failed) or "not sent"
+    return dataclasses.replace(res, outcome=Outcome.FAILED, error=f"alert not delivered: {why}")
+
+
 def cmd_act(args) -> int:
     from reflexarc.actuators.base import Target
     from reflexarc.actuators.registry import build_registry
@@ -583,6 +601,8 @@ def cmd_act(args) -> int:
     ex = Executor(registry, journal, clock)
     target = Target(labels, {**selector, "policy": "manual", "rule": "act"})
     res = ex.act(args.actuator, target, params, args.mode, policy="manual", rule="act")
+    if res.notice is not None:         # the alert is queued: delivered (or given up) before it is reported
+        res = _delivered(registry.get("alert"), res)
     registry.close()
     _audit_manual(args, clock, target, params, res)
     view = {"outcome": res.outcome, "journal_id": res.journal_id, "error": res.error,

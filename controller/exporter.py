@@ -12,6 +12,8 @@ and serves the controller's registry from ``start()`` to ``close()``.
 - ``reflexarc_journal_bytes`` and ``reflexarc_journal_open_entries``;
 - ``reflexarc_audit_records_dropped_total{reason}``: audit records that could
   not be written (``audit.py``);
+- ``reflexarc_alert_deliveries_total{receiver,outcome}``: alerts sent, failed
+  or dropped per receiver (``actuators/alert.py``);
 - the controller's own CPU, memory and descriptors (``process_*``).
 
 The rest (rule states, actions, drops, loop lag) is kept by
@@ -301,7 +303,26 @@ class AuditCollector:
         yield family
 
 
-def export_live_state(registry: CollectorRegistry, bus, manager=None, journal=None, audit=None) -> None:
+class AlertCollector:
+    """``reflexarc_alert_deliveries_total{receiver,outcome}``: alerts the alert
+    actuator sent, failed to send or dropped, per receiver; nothing before it
+    is first used. ``alerts`` returns the actuator once built, else None."""
+
+    def __init__(self, alerts) -> None:
+        self.alerts = alerts
+
+    def collect(self):
+        family = CounterMetricFamily("reflexarc_alert_deliveries",
+                                     "Alert deliveries by receiver and outcome (sent, failed, dropped)",
+                                     labels=["receiver", "outcome"])
+        sender = self.alerts()
+        for (receiver, outcome), n in sorted(getattr(sender, "deliveries", {}).items()):
+            family.add_metric([receiver, outcome], n)
+        yield family
+
+
+def export_live_state(registry: CollectorRegistry, bus, manager=None, journal=None, audit=None,
+                      alerts=None) -> None:
     """Register the scrape-time collectors on ``registry``: the bus's signals,
     the probes of ``manager``, ``journal`` and ``audit`` when given, this process."""
     registry.register(SignalCollector(bus))
@@ -311,4 +332,6 @@ def export_live_state(registry: CollectorRegistry, bus, manager=None, journal=No
         registry.register(JournalCollector(journal))
     if audit is not None:
         registry.register(AuditCollector(audit))
+    if alerts is not None:
+        registry.register(AlertCollector(alerts))
     ProcessCollector(registry=registry)

@@ -161,6 +161,7 @@ class RuleRun:
         self.action_times: deque[float] = deque()
         self.now = 0.0
         self._limit_reason = None
+        self._no_data = False       # holding a change while the rule's signals are silent
         self.machine = Machine(model=self, states=list(STATES), transitions=TRANSITIONS, initial="ok",
                                auto_transitions=False, queued=True, send_event=True,
                                after_state_change="_on_change", on_exception="_on_exception")
@@ -218,6 +219,10 @@ class RuleRun:
                 base.add(now, value)
 
     # --- named conditions ------------------------------------------------------
+    def _no_evidence(self) -> bool:
+        """None of the ``when`` conditions had a value at the last evaluation."""
+        return all(self._items[i] is None or self._items[i][0] is None for i in self._when_idx)
+
     def within_limits(self, event) -> bool:
         reason = self._refusal()
         if reason and reason != self._limit_reason:
@@ -316,7 +321,14 @@ class RuleRun:
             ctx.audit_eval(self, result)
             if result:
                 self.clear_since = None
+                self._no_data = False
+            elif self._no_evidence():     # silence is not health: hold, say so once
+                self.clear_since = None
+                if not self._no_data:
+                    self._no_data = True
+                    ctx.limited(self, "no_data")
             else:
+                self._no_data = False
                 self.clear_since = self.clear_since if self.clear_since is not None else now
                 if now - self.clear_since >= self.rule.clear_for:
                     self.clear_since = None

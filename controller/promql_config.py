@@ -4,7 +4,8 @@
 
     prometheus: http://prometheus.monitoring:9090   # the cluster's Prometheus (http or https)
     interval: 15s                 # between two rounds of queries (default 15s)
-    timeout: 5s                   # per request (default 5s; below the interval)
+    timeout: 5s                   # each request's deadline, connecting to its last byte (default 5s;
+                                  # below the interval)
     node: gpu-node-07             # this node's name for $NODE (default: the host name)
     queries:
       - signal: gpu_utilization_pct                            # a catalogued signal

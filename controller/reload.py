@@ -69,7 +69,7 @@ from .engine import Controller, PolicySwap
 from .policy.diagnostics import Diagnostic, errors
 from .policy.loader import POLICY_SUFFIXES, validate_paths
 from .policy.model import Policy
-from .policy.trust import untrusted
+from .policy.trust import untrusted, withheld
 from .producers import NodeFacts
 from .readiness import findings, idle_reason
 
@@ -186,6 +186,7 @@ class Reloader:
         ctl = self.controller
         override = ctl.mode_override
         policies, diags = validate_paths(self.files.paths)
+        diags = withheld(diags)          # an untrusted file is never quoted (printed, audited)
         if not errors(diags):
             diags += self._untrusted(policies, override)
         if not errors(diags) and not policies:

@@ -3,9 +3,11 @@
 The valid range of a value follows from its signal's unit in the catalogue
 (``signals.py``), declared here once per unit rather than by each source:
 durations (``us``, ``ms``), byte and event counts (``bytes``, ``1``), rates
-(``1/s``) and percentages (``%``) are never negative (a percentage may read
-above 100: a link briefly over its nominal speed), a ``ratio`` lies in
-[0, 1]; no value may be NaN or infinite (a unit missing here admits any
+(``1/s``) and percentages (``%``) are never negative, a percentage is at
+most ``MAX_PERCENT`` (it may read above 100: the demand offered to a shaped
+link, over its nominal speed), a ``ratio`` lies in [0, 1]; a signal may be
+narrower than its unit (``SIGNAL_RANGES``: a GPU is busy at most 100% of the
+time); no value may be NaN or infinite (a unit missing here admits any
 finite value, and ``tests/test_load_and_values.py`` fails until it is
 declared). A timestamp must be finite, at most ``MAX_AHEAD`` seconds ahead
 of the controller's clock and newer than the bus retention (an older one would
@@ -31,17 +33,21 @@ from .signals import CATALOGUE
 MAX_AHEAD = 60.0        # seconds a sample's own timestamp may run ahead of the clock
 
 NEVER_NEGATIVE = (0.0, math.inf)
+MAX_PERCENT = 10_000.0  # a hundred times a nominal capacity: beyond it a percentage is a broken source
 UNIT_RANGES: dict[str, tuple[float, float]] = {
     "us": NEVER_NEGATIVE,
     "ms": NEVER_NEGATIVE,
     "bytes": NEVER_NEGATIVE,
     "1": NEVER_NEGATIVE,
     "1/s": NEVER_NEGATIVE,
-    "%": NEVER_NEGATIVE,
+    "%": (0.0, MAX_PERCENT),
     "ratio": (0.0, 1.0),
 }
 ANY_FINITE = (-math.inf, math.inf)
-RANGES: dict[str, tuple[float, float]] = {name: UNIT_RANGES.get(spec.unit, ANY_FINITE)
+SIGNAL_RANGES: dict[str, tuple[float, float]] = {
+    "gpu_utilization_pct": (0.0, 100.0),
+}
+RANGES: dict[str, tuple[float, float]] = {name: SIGNAL_RANGES.get(name, UNIT_RANGES.get(spec.unit, ANY_FINITE))
                                           for name, spec in CATALOGUE.items()}
 
 

@@ -4,14 +4,20 @@ is, can be queried with ``amtool``, and are resolved when the rule clears.
 
 The controller replays a slow phase of one rank's steps (500 ms, then back to
 100 ms) under an ``alert-only`` policy; the alert must be there while the rule
-fires and gone (resolved) once it has cleared.
+fires and gone (resolved) once it has cleared. With an Alertmanager that
+accepts connections and never answers, the alert is sent from its own thread:
+the loop goes on, and SIGTERM ends the controller at once.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from conftest import require, wait_until
@@ -88,3 +94,52 @@ def test_alert_reaches_alertmanager_groups_well_and_resolves_on_clear(tmp_path):
     records = [json.loads(line) for line in (state / "audit.jsonl").read_text().splitlines()]
     actions = [r for r in records if r["kind"] == "action"]
     assert [a["outcome"] for a in actions if a["actuator"] == "alert"] == ["notified", "resolved"], actions
+
+
+def test_sigterm_ends_the_run_at_once_while_alertmanager_hangs(tmp_path):
+    policy, replay, state, hooks = tmp_path / "p.yaml", tmp_path / "r.jsonl", tmp_path / "s", tmp_path / "h"
+    policy.write_text(POLICY)
+    _replay(replay)
+    hooks.mkdir(mode=0o755)
+    listener = socket.create_server(("127.0.0.1", 0))     # accepts, reads nothing, never answers
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    proc = subprocess.Popen([*RX, "--state-dir", str(state), "--hook-dir", str(hooks), "--alertmanager-url", url,
+                             "run", "--no-probes", "--replay", str(replay), "--policy", str(policy), "--mode", "policy",
+                             "--interval", "0.5", "--duration", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until("the controller to send the alert", lambda: held, 25)
+        wait_until("the loop to audit the alert", lambda: _alert_outcomes(state), 10)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        listener.close()
+        for conn in held:
+            conn.close()
+    assert proc.returncode == 0, err
+    # the delivery's deadline is 10 s, Alertmanager would hang for ever: the
+    # controller neither waits on it in the loop nor at exit
+    assert took < 4.0, f"SIGTERM took {took:.1f} s while Alertmanager hung"
+    assert _alert_outcomes(state)[:1] == ["notified"]
+
+
+def _alert_outcomes(state: Path) -> list[str]:
+    path = state / "audit.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    records = [json.loads(line) for line in lines if line.endswith("}")]
+    return [r["outcome"] for r in records if r.get("kind") == "action" and r.get("actuator") == "alert"]

@@ -172,7 +172,7 @@ def test_forged_and_malformed_sockets_never_drive_an_enforce_action(hook_dir, sp
     assert {(labels["job"], value) for name, labels, value in published if name == "step_time_ms"} == {("llama", 50.0)}
     reg = metrics.registry
     counts = {reason: rejected(reg, reason) for reason in Rejected}
-    assert counts == {"place": 12.0, "peer": 12.0, "stale": 12.0, "selector": 0.0, "reply": 72.0}, \
+    assert counts == {"place": 12.0, "peer": 12.0, "stale": 12.0, "selector": 0.0, "reply": 72.0, "timeout": 0.0}, \
         "each fake counted on each of the 12 polls: 1 misplaced, 1 forged peer, 1 forged start, 6 bad replies"
 
 

@@ -26,7 +26,10 @@ journal or a signal storm leaves behind, counted on the real system.
    (``reliability/versions.py``);
 10. the wall clock stepped under a controller and a hooked script, for real
     (libfaketime): the loop goes on and ends on time, no false step
-    (``reliability/clock_steps.py``).
+    (``reliability/clock_steps.py``);
+11. thirty hook sockets that never answer, beside one that does: a read costs
+    one deadline, each is counted, SIGTERM still ends the controller at once
+    (``reliability/silent_hooks.py``).
 
 CI (``make test``) runs the shortened counts of ``reliability/counts.py``
 (5 kill trials per actuator, 300 fuzzed files, ...); ``REFLEXARC_SOAK=1`` runs
@@ -45,7 +48,8 @@ from pathlib import Path
 import pytest
 from conftest import require, require_bpf, require_root
 
-from reliability import clock_steps, cli_table, crash, exhaustion, journal_damage, planted, spoof, storm, versions
+from reliability import (clock_steps, cli_table, crash, exhaustion, journal_damage, planted, silent_hooks, spoof,
+                         storm, versions)
 from reliability.counts import COUNTS, OUT_ENV
 
 LONG = 5400 if COUNTS.soak else 900          # seconds a part may take (pytest-timeout)
@@ -173,7 +177,7 @@ def test_links_planted_in_the_state_directory_are_never_written_through(tmp_path
         shutil.rmtree(base, ignore_errors=True)
     record("planted", figures)
     assert figures["failures"] == [], "\n".join(figures["failures"])
-    assert len(figures["cases"]) == 5
+    assert len(figures["cases"]) == 6
 
 
 @pytest.mark.parametrize("case", ["unknown_actuator", "newer_format", "hup_at_start"])
@@ -196,3 +200,17 @@ def test_a_metrics_port_taken_by_another_process_is_refused_after_the_reconcile(
     assert figures["failures"] == [], "\n".join(figures["failures"])
     assert figures["records"][0]["live_after_kill"], "the kill left nothing applied: the case proves nothing"
     assert figures["leaks"] == 0, "\n".join(figures["leak_details"])
+
+
+@pytest.mark.timeout(LONG)
+def test_hook_sockets_that_never_answer_cost_one_deadline_not_one_each():
+    require_root()
+    require(shutil.which("setpriv") is not None, "setpriv (util-linux) to run processes as nobody")
+    base = Path(tempfile.mkdtemp(prefix="reflexarc-reliability-silent-", dir="/tmp"))   # nobody must reach it
+    os.chmod(base, 0o755)
+    try:
+        figures = silent_hooks.run_silent(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    record("silent-hooks", figures)
+    assert figures["failures"] == [], "\n".join(figures["failures"])

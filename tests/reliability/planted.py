@@ -12,6 +12,9 @@ root-only "secret" files (mode 0600, one line each):
   link (planted before it was locked down): refused with one error line;
 - ``compaction-link``: ``journal.jsonl.compacting`` a link to a secret, next to
   a real journal: the run compacts through a file of its own, never the link;
+- ``policy-link``: a policy path in a directory others may write, linked to
+  a root-only file: ``run`` refuses it, and neither its messages nor the
+  audit quote a word of the file;
 - ``modes``: a fresh run creates the journal, its lock and the audit 0600.
 
 After each case both secrets must be byte for byte what they were and still
@@ -108,6 +111,24 @@ def run_planted(tmp: Path) -> dict:
     (state / "journal.jsonl").write_text("")
     (state / "journal.jsonl.compacting").symlink_to(secrets[0])
     check("compaction-link", _run(state, policy, hooks), False)
+
+    shared = tmp / "shared-policies"           # a policy directory others may write, a link planted in it
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (shared / "numa.yaml").symlink_to(secrets[0])
+    state = tmp / "policy-link"
+    state.mkdir(mode=0o700)
+    r = _run(state, shared / "numa.yaml", hooks)
+    cases.append("policy-link")
+    errs = _errors(r)
+    if r.returncode != 1 or "withheld" not in r.stderr or "writable by others" not in r.stderr:
+        failures.append(f"policy-link: want the file refused with its messages withheld, got {r.returncode}: "
+                        f"{r.stderr[-600:]}")
+    audit = state / "audit.jsonl"
+    if SECRET.decode().split()[0] in r.stderr + (audit.read_text() if audit.exists() else ""):
+        failures.append("policy-link: the linked file's content was printed or audited")
+    if len(errs) != 1:
+        failures.append(f"policy-link: {len(errs)} error: lines: {r.stderr[-600:]}")
 
     state = tmp / "modes"
     check("modes", _run(state, policy, hooks), False)
