@@ -37,7 +37,7 @@ TESTS = HERE.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from reliability.versions import POLICY  # noqa: E402
+from reliability.workloads import QUIET as POLICY  # noqa: E402
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 RUN_S = 5.0

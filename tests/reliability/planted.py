@@ -38,17 +38,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+from reliability.workloads import QUIET as POLICY  # noqa: E402
+
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 SECRET = b"root-only secret line\n"
-POLICY = """policies:
-  - name: quiet
-    mode: dry-run
-    selector: {match: {job: none}}
-    rules:
-      - name: never
-        when: {signal: step_time_ms, agg: max, window: 2s, op: ">", threshold: 1000000000}
-        actions: [{actuator: log}]
-"""
 
 
 def _run(state: Path, policy: Path, hooks: Path) -> subprocess.CompletedProcess:

@@ -38,7 +38,7 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from reliability.clock_steps import HOOKED  # noqa: E402
-from reliability.versions import POLICY  # noqa: E402
+from reliability.workloads import QUIET as POLICY  # noqa: E402
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 SILENT = 30
