@@ -19,12 +19,15 @@
  *       same fd (Queue.get's 5 s timeouts, retried by the DataLoader) keep it.
  *       A poll of one fd that is not watched stores it too: it may be a new
  *       epoch's data queue the loader has not found yet (see pending).
- *   sys_enter_read with count == 4 by a watched trainer: a message header
- *       (reads of any other size return at once, before any lookup, and other
- *       processes' after one; a split header is finished by a read of 1-3
- *       bytes, so each message counts once). Its wait is now - wait_start of
- *       this thread for this fd (0 when the thread did not poll it first: the
- *       batch was there already); its interval is now - last_batch[{tgid,
+ *   sys_enter_read with count == 4 by a watched trainer, of the fd this
+ *       thread last polled: a message header it waited for (reads of any
+ *       other size return at once, before any lookup, and other processes'
+ *       after one; a split header is finished by a read of 1-3 bytes, so each
+ *       message counts once). Queue.get(timeout) always polls first, even
+ *       when a batch is there already; a header read without that poll is not
+ *       a batch (the resource sharer's sockets, which pass tensors' fds, read
+ *       headers too, on fd numbers a later data queue may reuse). Its wait is
+ *       now - wait_start of this thread; its interval is now - last_batch[{tgid,
  *       fd}], the previous message from the same fd, or for an fd's first
  *       message now - trainer_last[tgid], the trainer's previous batch from any
  *       fd (a new epoch's queue continues the old one's chain). On a watched
@@ -145,14 +148,12 @@ int on_read_enter(struct tracepoint__syscalls__sys_enter_read *args)
     struct watch_key k = {.tgid = id >> 32, .fd = (u32)args->fd};
     if (!trainers.lookup(&k.tgid))
         return 0;
-    u64 now = bpf_ktime_get_ns();
-    u64 wait = 0;
     struct wait_mark *w = wait_start.lookup(&id);
-    if (w) {
-        if (w->fd == k.fd && now > w->ts)
-            wait = now - w->ts;
-        wait_start.delete(&id);
-    }
+    if (!w || w->fd != k.fd)
+        return 0;                     /* not waited for with a poll of this fd: not a batch */
+    u64 now = bpf_ktime_get_ns();
+    u64 wait = now > w->ts ? now - w->ts : 0;
+    wait_start.delete(&id);
     u64 *prev = last_batch.lookup(&k);
     if (!prev)
         prev = trainer_last.lookup(&k.tgid);
