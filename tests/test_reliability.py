@@ -25,8 +25,8 @@ journal or a signal storm leaves behind, counted on the real system.
    --forget``), a journal of a newer format (refused), SIGHUP while starting
    (``reliability/versions.py``);
 10. the wall clock stepped under a controller and a hooked script, for real
-    (libfaketime): the loop goes on and ends on time, no false step
-    (``reliability/clock_steps.py``);
+    (libfaketime): the loop goes on and ends on time, ``max_actions`` still
+    holds after a jump ahead, no false step (``reliability/clock_steps.py``);
 11. thirty hook sockets that never answer, beside one that does: a read costs
     one deadline, each is counted, SIGTERM still ends the controller at once
     (``reliability/silent_hooks.py``).
@@ -186,9 +186,11 @@ def test_journals_of_other_versions_and_a_hangup_while_starting(case, tmp_path):
     assert failures == [], "\n".join(failures)
 
 
-@pytest.mark.parametrize("case", ["controller_steps", "hook_steps"])
-def test_a_stepped_wall_clock_neither_stalls_the_loop_nor_fakes_a_step(case, tmp_path):
+@pytest.mark.parametrize("case", ["controller_steps", "forward_step_limits", "hook_steps"])
+def test_a_stepped_wall_clock_neither_stalls_the_loop_nor_cuts_limits_short_nor_fakes_a_step(case, tmp_path):
     require(clock_steps.libfaketime() is not None, "libfaketime (apt: faketime) to step a process's wall clock")
+    if case == "forward_step_limits":
+        require_root()
     failures = getattr(clock_steps, case)(tmp_path)
     assert failures == [], "\n".join(failures)
 

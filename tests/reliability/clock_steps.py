@@ -11,6 +11,13 @@ alone (``FAKETIME_DONT_FAKE_MONOTONIC``), as an NTP step or an operator's
   duration (one that measures it on the wall clock runs an hour more): the run
   must exit 0 within ``EXIT_LIMIT`` seconds of it, its audit timestamps
   following the wall clock people read.
+- ``forward_step_limits``: an enforcing rule (the affinity bed of
+  ``crash.py``: two idle DataLoader workers pinned to CPU 1 on a slow
+  replayed step) with ``max_actions`` of one an hour, a 1 s cooldown and
+  ``rollback: on clear``, fed slow and fast steps in turn: it acts once and
+  is reverted on clear; then the wall clock jumps two hours ahead. The rule
+  must still be held back (``limit`` ``max_actions`` audited), never act a
+  second time within the hour.
 - ``hook_steps``: a script serving the hooks (a 2 s step reported every 2 s)
   with its wall clock stepped 45 s forward between two reports: no read of its
   signals may then report a step time over ``FALSE_STEP_MS`` (a step "running"
@@ -27,6 +34,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -144,4 +152,90 @@ def hook_steps(tmp: Path) -> list[str]:
         source.close()
         proc.kill()
         proc.wait()
+    return failures
+
+
+ALTERNATING_S = 3.0        # seconds of slow steps, then as many of fast ones, in turn
+
+
+def _alternating_replay(path: Path, seconds: float) -> Path:
+    with open(path, "w") as f:
+        for i in range(int(seconds * 10)):
+            t = i * 0.1
+            slow = int(t // ALTERNATING_S) % 2 == 0
+            f.write(json.dumps({"t": t, "name": "step_time_ms", "labels": {"job": "rj", "rank": "0"},
+                                "value": 520 if slow else 100}) + "\n")
+    return path
+
+
+def forward_step_limits(tmp: Path) -> list[str]:
+    from reliability.crash import AffinityBed
+    bed = AffinityBed(tmp)
+    bed.setup()
+    policy = tmp / "limited.yaml"
+    policy.write_text(
+        "policies:\n  - name: limited\n    mode: enforce\n"
+        f"    selector: {{match: {{job: rj}}, pids: [{bed.trainer.pid}], processes: [pt_data_worker]}}\n"
+        "    rules:\n      - name: slow-steps\n"
+        "        when: {signal: step_time_ms, agg: max, window: 1s, op: \">\", threshold: 300}\n"
+        "        actions:\n          - {actuator: affinity, params: {node: 1}}\n"
+        "        clear_for: 1s\n        cooldown: 1s\n        max_actions: {count: 1, window: 1h}\n"
+        "        rollback: {on: [clear, shutdown]}\n")
+    replay = _alternating_replay(tmp / "alternating.jsonl", 120)
+    state = tmp / "state"
+    state.mkdir(mode=0o700)
+    offset = tmp / "offset"
+    proc = subprocess.Popen(RX + bed.globals(state) + ["run", "--no-probes", "--replay", str(replay), "--policy",
+                                                       str(policy), "--mode", "policy", "--interval", "0.2",
+                                                       "--duration", "60", "--kill-switch", str(state / "off")],
+                            env=_env(offset), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    audit = state / "audit.jsonl"
+
+    def records(kind: str) -> list[dict]:
+        if not audit.exists():
+            return []
+        out = []
+        for line in audit.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("kind") == kind:
+                out.append(rec)
+        return out
+
+    def outcomes() -> list[str]:
+        return [r["outcome"] for r in records("action") if r.get("actuator") == "affinity"]
+
+    failures = []
+    try:
+        deadline = time.monotonic() + 60
+        while "reverted" not in outcomes() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)                   # acted once, then reverted on clear
+        if outcomes()[:2] != ["applied", "reverted"]:
+            return [f"the rule did not act and clear first: {outcomes()} {proc.stderr.read() if proc.poll() else ''}"]
+        _set(offset, "+2h")
+        stepped = len(records("limit"))
+        time.sleep(4 * ALTERNATING_S)         # two more slow stretches, each a breach
+        applied = outcomes().count("applied")
+        limits = [r for r in records("limit")[stepped:] if r.get("reason") == "max_actions"]
+        if applied != 1:
+            failures.append(f"acted {applied} times within the hour of max_actions after the wall clock jumped "
+                            f"two hours: {outcomes()}")
+        if not limits and applied == 1:
+            failures.append("no breach after the jump was held back by max_actions: the case proves nothing")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=EXIT_LIMIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            failures.append("the controller did not stop on SIGTERM")
+        if bed.live():
+            failures.append("a pin was left after SIGTERM")
+            bed.cleanup()
+        bed.teardown()
     return failures
