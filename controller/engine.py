@@ -241,7 +241,7 @@ class Controller:
         self.metrics.forget(slot.policy.name, slot.rule.name, run.target_key)
         self.audit.forget(run.scope_key)
         self.audit.write("retire", policy=slot.policy.name, rule=slot.rule.name, target=run.target_key,
-                         target_labels=run.labels, state=run.state, last_seen=getattr(self.clock, "to_wall", float)(run.last_seen()),
+                         target_labels=run.labels, state=run.state, last_seen=self.clock.to_wall(run.last_seen()),
                          **({"note": note} if note else {}))
 
     def _contain(self, policy: str, rule: str, target: str, exc: Exception, run: RuleRun | None) -> None:

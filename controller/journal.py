@@ -266,7 +266,7 @@ class Journal:
         return self._fd
 
     def _write(self, rec: dict) -> None:
-        rec["ts"] = getattr(self._clock, "wall", self._clock.now)() if self._clock else time.time()
+        rec["ts"] = self._clock.wall() if self._clock else time.time()
         line = (json.dumps(rec, sort_keys=True, default=str) + "\n").encode()
         try:
             fd = self._writer()

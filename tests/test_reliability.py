@@ -55,6 +55,16 @@ from reliability.counts import COUNTS, OUT_ENV
 LONG = 5400 if COUNTS.soak else 900          # seconds a part may take (pytest-timeout)
 
 
+@pytest.fixture
+def shared_tmp():
+    """A directory under /tmp that nobody (the other user of these tests) can
+    reach, unlike pytest's private ``tmp_path``; removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="reflexarc-reliability-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
 def record(name: str, figures: dict) -> None:
     """The part's figures, for ``bench/reliability.py`` to gather."""
     out = os.environ.get(OUT_ENV)
@@ -109,14 +119,10 @@ def test_bad_input_to_every_verb_gets_one_error_line(tmp_path):
 
 @pytest.mark.kernel
 @pytest.mark.timeout(LONG)
-def test_hook_sockets_forged_by_another_user_are_never_trusted():
+def test_hook_sockets_forged_by_another_user_are_never_trusted(shared_tmp):
     require_root()
     require(shutil.which("setpriv") is not None, "setpriv (util-linux) to run processes as nobody")
-    base = Path(tempfile.mkdtemp(prefix="reflexarc-reliability-spoof-", dir="/tmp"))   # nobody must reach it
-    try:
-        figures = spoof.run_spoof(base)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    figures = spoof.run_spoof(shared_tmp)
     record("spoof", figures)
     assert figures["trusted"] == 0
     assert figures["rejected"] + figures["refused_by_kernel"] == figures["forged"]
@@ -168,13 +174,9 @@ def test_descriptors_taken_by_another_user_never_leave_a_change_applied(tmp_path
     assert figures["records"][0]["connected"] + figures["records"][0]["refused_connects"] == exhaustion.IDLE_CLIENTS
 
 
-def test_links_planted_in_the_state_directory_are_never_written_through(tmp_path):
+def test_links_planted_in_the_state_directory_are_never_written_through(shared_tmp):
     require_root()
-    base = Path(tempfile.mkdtemp(prefix="reflexarc-reliability-planted-", dir="/tmp"))
-    try:
-        figures = planted.run_planted(base)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    figures = planted.run_planted(shared_tmp)
     record("planted", figures)
     assert figures["failures"] == [], "\n".join(figures["failures"])
     assert len(figures["cases"]) == 6
@@ -205,14 +207,9 @@ def test_a_metrics_port_taken_by_another_process_is_refused_after_the_reconcile(
 
 
 @pytest.mark.timeout(LONG)
-def test_hook_sockets_that_never_answer_cost_one_deadline_not_one_each():
+def test_hook_sockets_that_never_answer_cost_one_deadline_not_one_each(shared_tmp):
     require_root()
     require(shutil.which("setpriv") is not None, "setpriv (util-linux) to run processes as nobody")
-    base = Path(tempfile.mkdtemp(prefix="reflexarc-reliability-silent-", dir="/tmp"))   # nobody must reach it
-    os.chmod(base, 0o755)
-    try:
-        figures = silent_hooks.run_silent(base)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    figures = silent_hooks.run_silent(shared_tmp)
     record("silent-hooks", figures)
     assert figures["failures"] == [], "\n".join(figures["failures"])
