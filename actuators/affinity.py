@@ -142,7 +142,7 @@ class AffinityActuator(Actuator):
 
     def __init__(self, proc_root: str = "/proc", sys_root: str = "/sys") -> None:
         self.procfs = ProcFS(proc_root)
-        self.guard = ProcessGuard(self.procfs)
+        self.guard = ProcessGuard(ProcFS(proc_root, strict=True))   # "cannot tell" is never "allowed"
         self.topology = Topology(sys_root)
 
     # -- selection -----------------------------------------------------------------
@@ -178,6 +178,14 @@ class AffinityActuator(Actuator):
             words.append(f"in cgroup {scope['cgroup']}")
         return " ".join(words)
 
+    @staticmethod
+    def _guarded(check, pid: int) -> Refused | None:
+        """The guard's answer for ``pid``; TemporaryActuatorError when /proc cannot tell."""
+        try:
+            return check(pid)
+        except ProcUnreadable as exc:
+            raise _unknown(f"whether pid {pid} may be changed", exc) from exc
+
     def _outside(self, pid: int, roots: list[int], cgroup: str) -> str | None:
         """How process ``pid`` lies outside the scope, or None when it is inside."""
         try:
@@ -200,13 +208,13 @@ class AffinityActuator(Actuator):
             raise TargetRefused(Refused(Refusal.UNSCOPED, None, f"cgroup {scope['cgroup']} is the root cgroup: "
                                                                 "every process on the node"))
         for root in (*scope["pids"], *scope["within"]):
-            refused = self.guard.root(root)
+            refused = self._guarded(self.guard.root, root)
             if refused is not None:
                 raise TargetRefused(refused)
         pid = scope["pid"]
         if pid is None:
             return
-        refused = self.guard.touch(pid)
+        refused = self._guarded(self.guard.touch, pid)
         if refused is not None:
             raise TargetRefused(refused)
         try:
@@ -265,7 +273,7 @@ class AffinityActuator(Actuator):
             return None
         return {"pid": pid, "start": start, "comm": self.procfs.comm(pid) or "", "threads": threads}
 
-    def read_current(self, target: Target) -> dict:
+    def read_current(self, target: Target, params: dict | None = None) -> dict:
         processes = [s for s in map(self._snapshot, self._workers(target)) if s]
         return {"cpus": _common_mask(processes), "processes": processes}
 
@@ -432,9 +440,15 @@ class AffinityActuator(Actuator):
         trainer = self._trainer(scope) if scope["trainer"] is not None else None
         before = self.read_current(target)
         if not before["processes"] and trainer is None:
-            raise PermanentActuatorError(f"no process matches {self._describe_scope(scope)}")
+            named = [p for p in (scope["pid"], *scope["pids"]) if p is not None]
+            gone = [p for p in named if not self.procfs.alive(p)]
+            unmatched = f"no process matches {self._describe_scope(scope)}"
+            if gone:
+                raise PermanentActuatorError(f"no such process {', '.join(map(str, gone))}"
+                                             + ("" if len(gone) == len(named) else f"; {unmatched}"))
+            raise PermanentActuatorError(unmatched)
         for proc in before["processes"]:
-            refused = self.guard.touch(proc["pid"])
+            refused = self._guarded(self.guard.touch, proc["pid"])
             if refused is not None:
                 raise TargetRefused(refused)
         after = {"cpus": cpus, "processes": _with_mask(before["processes"], cpus)}
@@ -527,6 +541,24 @@ class AffinityActuator(Actuator):
         if failure is not None:
             raise failure
 
+    def drift(self, change: Change) -> str | None:
+        """A live thread of the change whose mask is not the one it was given
+        (threads that exited, and ids now naming other tasks, are passed over)."""
+        for proc in change.after["processes"]:
+            for thread in proc["threads"]:
+                tid = thread["tid"]
+                try:
+                    if not (self._alive(proc["pid"], proc["start"])
+                            and self._alive(proc["pid"], thread["start"], tid)):
+                        continue
+                    now = sorted(os.sched_getaffinity(tid))
+                except (ProcessLookupError, TemporaryActuatorError):
+                    continue                  # gone, or /proc cannot tell now: not drift
+                if now != sorted(thread["cpus"]):
+                    return (f"thread {tid} of pid {proc['pid']} runs on CPUs {format_cpulist(now)}, not "
+                            f"{format_cpulist(thread['cpus'])}")
+        return None
+
     @staticmethod
     def _origin(proc: dict) -> list[int]:
         """The process's original mask: its main thread's, else its first recorded thread's."""
@@ -585,7 +617,11 @@ class AffinityActuator(Actuator):
             log.warning("refresh: %s: no new worker looked for", exc)
             workers = []
         for pid in workers:
-            refused = self.guard.touch(pid)
+            try:
+                refused = self._guarded(self.guard.touch, pid)
+            except TemporaryActuatorError as exc:
+                log.warning("refresh: %s: left for the next refresh", exc)
+                continue
             if refused is not None:
                 log.warning("refresh: %s", refused.message)
                 continue

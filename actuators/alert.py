@@ -56,8 +56,10 @@ failure. ``pending`` is the number of alerts queued or being delivered.
 failed. ``close(timeout=CLOSE_WAIT)`` waits at most ``timeout`` seconds (1 s)
 for that, then stops the thread, dropping (and counting) what is still queued;
 it never waits on a receiver that hangs, so a shutdown that closes the
-registry stays within its bound. An alert sent after ``close`` starts a new
-thread.
+registry stays within its bound. A stopping controller resolves its firing
+alerts and first waits with ``flush(deadline)`` (``Executor.deliver_notices``):
+the resolutions go out before the process exits, within one ``deadline`` more.
+An alert sent after ``close`` starts a new thread.
 
 Example::
 
@@ -250,7 +252,7 @@ class AlertActuator(Actuator):
         self._lock = threading.Lock()           # guards _worker
         self._counts_lock = threading.Lock()    # guards deliveries
 
-    def read_current(self, target: Target) -> None:
+    def read_current(self, target: Target, params: dict | None = None) -> None:
         return None
 
     def plan(self, target: Target, params: dict) -> Change:

@@ -119,7 +119,9 @@ class Actuator:
         except ParamError as exc:
             raise PermanentActuatorError(str(exc)) from None
 
-    def read_current(self, target: Target) -> Any:
+    def read_current(self, target: Target, params: dict | None = None) -> Any:
+        """What the system holds now of what ``plan(target, params)`` would change
+        (the same signature for every actuator; most need only the target)."""
         raise NotImplementedError
 
     def plan(self, target: Target, params: dict) -> Change:
@@ -141,6 +143,15 @@ class Actuator:
         """Do ahead of the first incident what would otherwise delay the first
         action (compile a program): called at controller start for the actuators
         that enforcing policies use. Changes nothing on the system."""
+
+    def drift(self, change: Change) -> str | None:
+        """What the system shows now that differs from ``change.after`` (read
+        back, as TuneD verifies), in a few words; None when it matches, or when
+        this actuator cannot tell (a notification has nothing to read back).
+        Asked right after ``apply`` (a mismatch undoes the change and fails the
+        step) and, for journaled changes, by ``reflexarc journal --check`` and
+        every minute by ``run``: someone changed it behind the controller's back."""
+        return None
 
     def exists(self, change: Change) -> bool:
         """Whether what ``change`` was made for still exists (a process that exited,

@@ -77,7 +77,7 @@ class DeepTracingActuator(Actuator):
             raise PermanentActuatorError("no deep probe tier on this node (the probe manager is not running)")
         return self.deep_tier
 
-    def read_current(self, target: Target) -> dict:
+    def read_current(self, target: Target, params: dict | None = None) -> dict:
         info = self._tier().active_deep().get(self.session_key(target))
         if info is None:
             return {"active": False}

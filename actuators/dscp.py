@@ -652,7 +652,7 @@ class DscpActuator(Actuator):
             if pinned:
                 pinned.close()
 
-    def read_current(self, target: Target) -> dict:
+    def read_current(self, target: Target, params: dict | None = None) -> dict:
         """{interface: {"clsact", "filter", "rules"}} for the selector's interfaces."""
         sel = target.selector
         return self._read(str(sel.get("netns") or ""), [str(i) for i in sel.get("interfaces") or ()])
@@ -794,6 +794,25 @@ class DscpActuator(Actuator):
             finally:
                 if pinned:
                     pinned.close()
+
+    def drift(self, change: Change) -> str | None:
+        """An interface of the change whose filter, or one of whose rules of this
+        change, is gone."""
+        p = change.params
+        ours = {name: {str(_rule_key(r)) for r in state["rules"] if r["owner"] == p["owner"]}
+                for name, state in change.after.items()}
+        ours = {name: keys for name, keys in ours.items() if keys}
+        if not ours:
+            return None
+        now = self._read(p["netns"], list(ours))
+        for name, keys in ours.items():
+            state = now.get(name) or {}
+            if not state.get("filter"):
+                return f"the DSCP filter on {name} is gone"
+            have = {str(_rule_key(r)) for r in state.get("rules", []) if r["owner"] == p["owner"]}
+            if keys - have:
+                return f"{len(keys - have)} of this change's DSCP rules on {name} are gone"
+        return None
 
     def exists(self, change: Change) -> bool:
         """False when the change's network namespace is gone, or all of its

@@ -34,8 +34,8 @@ The change (plain JSON)::
              before's state is None and after's is the call's args
 
 ``read_signals(hook_dir)`` collects the step signals the scripts report (and
-what it did not trust); ``ranks_by_pid(hook_dir)`` maps each training process
-to its rank, for labels.
+what it did not trust); ``served_by_pid(hook_dir)`` maps each training process
+serving hooks to its rank and the job it announces, for labels.
 
 Example::
 
@@ -197,17 +197,18 @@ def find_endpoints(hook_dir: str, job: str | None = None, rank: int | str | None
     return scan(hook_dir, job, rank)[0]
 
 
-def ranks_by_pid(hook_dir: str) -> dict[int, str]:
-    """The rank of each training process with a socket in ``hook_dir``, e.g.
-    ``{4242: "0", 4243: "1"}``: what a loader signal's ``trainer`` pid needs to
-    carry ``rank``. Costs a listing of the hook directories and a ``stat`` of
-    ``/proc/<pid>`` per socket; sockets are not contacted: a socket counts while
-    its pid runs as the user of its directory."""
+def served_by_pid(hook_dir: str) -> dict[int, tuple[str, str]]:
+    """The rank and job of each training process with a socket in ``hook_dir``,
+    e.g. ``{4242: ("0", "llama"), 4243: ("1", "llama")}``: what a loader signal's
+    ``trainer`` pid needs to carry ``rank`` (and, for a process started by no
+    launcher, the job its script names). Costs a listing of the hook directories
+    and a ``stat`` of ``/proc/<pid>`` per socket; sockets are not contacted: a
+    socket counts while its pid runs as the user of its directory."""
     out = {}
     for ep in find_endpoints(hook_dir):
         try:
             if os.stat(f"/proc/{ep.pid}").st_uid == ep.uid:
-                out[ep.pid] = str(ep.rank)
+                out[ep.pid] = (str(ep.rank), ep.job)
         except OSError:
             continue
     return out
@@ -450,7 +451,7 @@ class FrameworkHookActuator(Actuator):
             raise HookRejected(Rejected.PLACE, path, f"job {record['job']}'s socket in the directory of job {job}")
         return Endpoint(path, record["job"], int(record["rank"]), int(record["pid"]), uid)
 
-    def read_current(self, target: Target) -> list[dict]:
+    def read_current(self, target: Target, params: dict | None = None) -> list[dict]:
         """Each endpoint of the target with the handlers its script offers."""
         out = []
         for ep in self.endpoints(target):

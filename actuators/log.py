@@ -21,7 +21,7 @@ log = logging.getLogger("reflexarc.actuators.log")
 class LogActuator(Actuator):
     spec = SPECS["log"]
 
-    def read_current(self, target: Target) -> None:
+    def read_current(self, target: Target, params: dict | None = None) -> None:
         return None
 
     def plan(self, target: Target, params: dict) -> Change:

@@ -91,13 +91,14 @@ SPECS: dict[str, ActuatorSpec] = {s.name: s for s in (
     ), changes_system=False, accepts_evidence=True),
     ActuatorSpec("affinity", "Re-pin every thread of the selected DataLoader workers to node-local CPUs.", (
         P("node", "int", help="NUMA node whose CPUs to use"),
-        P("cpus", "int_list", help="explicit CPU list instead of a node"),
+        P("cpus", "int_list", help="CPUs to use instead of a node's, in the kernel's notation '0-3,8' (a "
+                                   "policy may also write a list [0, 1])"),
         P("device", "str", help="PCI address (GPU/NIC) whose numa_node to use"),
         P("locality", "bool", help="true: the NUMA node of the device the job reads from or sends on when "
                                    "sysfs knows it (the target's iface or dev label, else the selector's "
                                    "interfaces), else the node holding most of the training process's "
                                    "memory (/proc/PID/numa_maps); the plan says which and why"),
-        P("reserved_cpus", "int_list", default=None, help="CPUs to leave free"),
+        P("reserved_cpus", "int_list", default=None, help="CPUs to leave free, written as cpus"),
     )),
     ActuatorSpec("dscp", "Retag matching egress flows with a DSCP value through a tc-BPF classifier.", (
         P("dscp", "dscp", required=True, help="DSCP name (CS1, AF41, EF, ...) or number 0-63"),

@@ -33,7 +33,8 @@ class SysctlActuator(Actuator):
             raise PermanentActuatorError(f"sysctl key '{key}' is not on the allow-list")
         return self.proc_root / "sys" / key.replace(".", "/")
 
-    def read_current(self, target: Target, key: str = "") -> str:
+    def read_current(self, target: Target, params: dict | None = None) -> str:
+        key = str((params or {}).get("key", ""))
         path = self._path(key)
         try:
             return path.read_text().strip()
@@ -42,7 +43,7 @@ class SysctlActuator(Actuator):
 
     def plan(self, target: Target, params: dict) -> Change:
         key, value = str(params["key"]), str(params["value"]).strip()
-        before = self.read_current(target, key)
+        before = self.read_current(target, {"key": key})
         return Change("sysctl", target, {"key": key, "value": value}, before, value,
                       f"sysctl {key}: {before} -> {value}")
 
@@ -59,3 +60,10 @@ class SysctlActuator(Actuator):
 
     def revert(self, change: Change) -> None:
         self._write(change.params["key"], str(change.before))
+
+    def drift(self, change: Change) -> str | None:
+        key = change.params["key"]
+        now = self.read_current(change.target, change.params)
+        if now.split() != str(change.after).split():
+            return f"sysctl {key} is {now}, not {change.after}"
+        return None

@@ -104,6 +104,8 @@ def table_configs() -> list[Config]:
         idle.add("gpu_submit")               # attaches nothing without a GPU; its tracepoint is a row below
     if Devices().missing("rdma"):
         idle.add("rdma_counters")            # polls nothing without an RDMA device
+    if Devices().missing("pcie_aer"):
+        idle.add("pcie_aer")                 # polls nothing without a device reporting AER
     configs = [TIER, UNSELECTED]
     configs += [Config("reflexarc", f"probe {name}", lambda name=name: Observer.light_tier([name]))
                 for name in light_probes() if name not in idle]

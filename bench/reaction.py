@@ -34,7 +34,7 @@ Example::
     python bench/reaction.py --quick              # reflexarc and tightest once: ~4 min
     python bench/reaction.py --settings reflexarc,defaults --rounds 5
 
-Writes ``bench/results/reaction.json`` (``--out``) and prints the README table.
+Writes ``bench/results/reaction.json`` (``--out``) and prints the table of docs/benchmarks.md.
 Overhead: the testbed's (two ranks, a store, a switch) plus three Prometheus
 and Alertmanager pairs; a run needs the machine to itself.
 """
@@ -240,7 +240,7 @@ def summarize(trials: list[dict], for_s: float) -> tuple[dict, dict]:
 
 
 def table(doc: dict) -> str:
-    """The README table: per pipeline, median (min-max) seconds after onset and the
+    """The table of docs/benchmarks.md: per pipeline, median (min-max) seconds after onset and the
     ratio of the medians to reflexarc's."""
     def cell(st: dict | None) -> str:
         return f"{st['median']:.1f} ({st['min']:.1f}-{st['max']:.1f})" if st else "-"

@@ -3,8 +3,14 @@
 actuator, 10,000 fuzzed policy files, the whole bad-input table, hook spoofing,
 every journal damage case, a 1.05 M-sample signal storm, a full state disk,
 descriptors held by another user, a taken metrics port, planted links, silent
-hook sockets, clock steps, journals of other versions), gathers each part's
-figures, writes ``bench/results/reliability.json`` and prints a table.
+hook sockets, clock steps, journals of other versions, five minutes of
+DataLoader workers replaced 50 times a second under the real probes), gathers
+each part's figures, writes ``bench/results/reliability.json`` and prints a
+table. Every scenario that ends a controller with SIGTERM records how long it
+took to exit (``reliability.counts.record_sigterm``): ``sigterm_to_exit``
+holds each scenario's times, the worst of them, and the scenarios over
+``SIGTERM_BOUND_S`` (the bound a node's service manager is promised) or that
+never exited.
 
 The suite asserts the outcomes (no leak, no traceback, no hang, nothing
 forged trusted, every change reverted, every sample accounted for); times and
@@ -38,8 +44,9 @@ ROOT = HERE.parent
 RESULTS = HERE / "results" / "reliability.json"
 SUITE = "tests/test_reliability.py"
 sys.path.insert(0, str(ROOT / "tests"))
-from reliability.counts import counts_for  # noqa: E402
+from reliability.counts import SIGTERM_FILE, counts_for  # noqa: E402
 ACTUATORS = ("affinity", "dscp", "framework_hook", "deep_tracing")
+SIGTERM_BOUND_S = 2.0
 
 
 def machine() -> dict:
@@ -94,7 +101,34 @@ def gather(out: Path) -> dict:
         storm["trial_details"] = [{k: t.get(k) for k in ("delay_s", "signal_at_s", "sigterm_to_exit_s", "peak_rss_mib",
                                                          "exit_code", "ok")} for t in storm.get("trial_details", [])]
         result["signal_storm"] = storm
+    churn = _load(out, "churn")
+    if churn:
+        churn["failures"] = churn.get("failures", [])[:20]
+        result["worker_churn"] = churn
+    sigterm = sigterm_figures(out / SIGTERM_FILE)
+    if sigterm:
+        result["sigterm_to_exit"] = sigterm
     return result
+
+
+def sigterm_figures(path: Path) -> dict | None:
+    """Each scenario's SIGTERM-to-exit times (None: it never exited), the worst
+    time and its scenario, and the scenarios over ``SIGTERM_BOUND_S`` or hung."""
+    if not path.exists():
+        return None
+    by: dict[str, list] = {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        by.setdefault(rec["scenario"], []).append(rec["seconds"])
+    timed = [(s, name) for name, times in by.items() for s in times if s is not None]
+    worst = max(timed, default=(None, None))
+    return {"bound_s": SIGTERM_BOUND_S, "max_s": worst[0], "max_scenario": worst[1],
+            "trials": sum(len(t) for t in by.values()),
+            "over_bound": sorted(name for name, times in by.items()
+                                 if any(s is not None and s > SIGTERM_BOUND_S for s in times)),
+            "never_exited": sorted(name for name, times in by.items() if None in times),
+            "by_scenario": {name: {"max_s": max((s for s in times if s is not None), default=None), "s": times}
+                            for name, times in sorted(by.items())}}
 
 
 def _fmt(v, unit: str = "") -> str:
@@ -151,6 +185,19 @@ def table(r: dict) -> str:
     if p:
         rows.append(("30 silent hook sockets", "1", f"{len(p['failures'])} failures",
                      f"poll {_fmt(max(p['poll_s'], default=None), ' s')}, SIGTERM to exit {_fmt(p['exit_s'], ' s')}"))
+    p = r.get("worker_churn")
+    if p and "started" in p:
+        rows.append((f"worker churn ({p['rate_per_s']}/s sustained of {p['rate_asked_per_s']:g}/s asked)",
+                     str(p["started"]),
+                     f"{len(p['failures'])} failures (series of exited workers left), {p['series_limit']} samples "
+                     f"refused at the cap; worker pids on the bus <= {p['worker_pids_on_bus_max']} "
+                     f"({p['live_max']} live)",
+                     f"poll {_fmt(p['poll_s_max'], ' s')}, {p['cpu_s']} s CPU"))
+    p = r.get("sigterm_to_exit")
+    if p:
+        rows.append(("SIGTERM to exit, every scenario", str(p["trials"]),
+                     f"over {p['bound_s']:g} s: {len(p['over_bound'])} scenarios, never exited: "
+                     f"{len(p['never_exited'])}", f"{_fmt(p['max_s'], ' s')} ({p['max_scenario']})"))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")

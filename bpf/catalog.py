@@ -39,6 +39,8 @@ ENTRIES: tuple[ProbeEntry, ...] = (
     ProbeEntry("link_traffic", "link_traffic", "LinkTraffic", LIGHT),
     ProbeEntry("batch_wait", "batch_wait", "BatchWait", LIGHT),
     ProbeEntry("rdma_counters", "rdma_counters", "RdmaCounters", LIGHT),
+    ProbeEntry("pcie_aer", "pcie_aer", "PcieAer", LIGHT),
+    ProbeEntry("proc_exit", "proc_exit", "ProcExit", LIGHT),
     ProbeEntry("rdma_qp", "rdma_qp", "RdmaQp", DEEP),
 )
 _BY_NAME = {e.name: e for e in ENTRIES}

@@ -42,7 +42,8 @@ whole tier with the reader unselected 0.37 us; on the loaded training loader the
 costs at most +0.1 % of an item's CPU. Enabling any syscall tracepoint also
 moves every syscall on the node to the kernel's traced path (a small fixed
 cost per syscall, shared with the other syscall probes). Collect: one batched map read; /proc reads for a worker's ``trainer``
-only when the worker is first seen, and one ``stat`` per idle one.
+only when the worker is first seen, and one ``stat`` per idle one. A worker
+whose exit the probe manager saw (``forget_exited``) is not reported again.
 """
 from __future__ import annotations
 
@@ -186,3 +187,9 @@ class DataloaderIo(Probe):
         self.totals.forget(pid for pid in self.totals.keys() - active if not self.procs.alive(pid))
         self.trainers.prune(active)
         return out
+
+    def forget_exited(self, pids: frozenset[int]) -> None:
+        """Stop reporting the counters of processes that exited (the probe
+        manager passes the exits the kernel saw, after the collect that read
+        their last reads)."""
+        self.totals.forget(pids)

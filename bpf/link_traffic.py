@@ -156,7 +156,7 @@ SO_NETNS_COOKIE = 71
 SIOCETHTOOL = 0x8946
 ETHTOOL_GSET, ETHTOOL_GLINKSETTINGS = 0x1, 0x4C
 
-NO_INTERFACES = "no interfaces selected (Selection.interfaces)"
+NO_INTERFACES = "no interfaces selected (a policy's selector.interfaces)"
 _LABELS = ("node", "job", "iface", "netns", "traffic")
 _QDISC_LABELS = ("node", "iface", "netns")
 
@@ -776,7 +776,7 @@ class LinkTraffic(Probe):
         for w in self._watches.values():
             notes.extend(f"{w.iface}: {n}" for n in w.notes)
             if w.speed is None:
-                notes.append(f"{w.iface}: link speed unknown (declare it in Selection.link_speeds): "
+                notes.append(f"{w.iface}: link speed unknown (declare it in the policy's selector.link_speeds): "
                              "bytes but no utilisation")
                 degraded = True
             degraded |= w.level == COUNTERS

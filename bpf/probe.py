@@ -46,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 LOCAL_INCLUDE = re.compile(r'^#include "([^"/]+)"[ \t]*$', re.MULTILINE)
 
 OK, DEGRADED, UNSUPPORTED, STOPPED = "ok", "degraded", "unsupported", "stopped"
+CAP_PERFMON, CAP_BPF = 38, 39      # capability bits (linux/capability.h)
 
 # Signals about the probes themselves, which any probe may emit.
 EVENTS_LOST = SignalSpec("probe_events_lost_total", "1", ("node", "probe"), "counter",
@@ -106,10 +107,31 @@ class KernelFeatures:
     def has_uprobes(self) -> bool:
         return (self.tracefs / "uprobe_events").exists()
 
+    def missing_privilege(self) -> str | None:
+        """Why this process may not load eBPF programs and read trace events, or
+        None: it is root, or holds CAP_BPF and CAP_PERFMON and can read tracefs."""
+        if os.geteuid() == 0:
+            return None
+        if not {CAP_BPF, CAP_PERFMON} <= self._effective_caps():
+            return "not running as root"
+        if not os.access(self.tracefs / "events", os.R_OK | os.X_OK, effective_ids=True):
+            return f"cannot read {self.tracefs / 'events'}"
+        return None
+
+    def _effective_caps(self) -> set[int]:
+        try:
+            status = (self.procfs / "self" / "status").read_text()
+        except OSError:
+            return set()
+        line = next((x for x in status.splitlines() if x.startswith("CapEff:")), "CapEff: 0")
+        mask = int(line.split()[1], 16)
+        return {bit for bit in range(mask.bit_length()) if mask >> bit & 1}
+
     def missing_prerequisite(self) -> str | None:
         """Why no probe can load at all, or None."""
-        if os.geteuid() != 0:
-            return "not running as root"
+        why = self.missing_privilege()
+        if why:
+            return why
         if not (self.tracefs / "events").is_dir():
             return f"tracefs is not mounted at {self.tracefs}"
         return None

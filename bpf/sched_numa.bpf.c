@@ -9,21 +9,29 @@
  * before it can be woken or migrated, and is added or removed accordingly; a
  * selection change takes effect within one scheduling period per thread. The
  * loader also writes the threads of selected pids not yet watched at once, and
- * sched_process_exit removes exiting threads. Names (sel_comm) are resolved to
- * tgids by the loader's /proc scan and by on_rename (reflexarc_common.h), never
- * per event.
+ * sched_process_exit removes exiting threads for good: a selected one goes into
+ * exiting[tid] = tgid, and is not watched again on its way out (it still
+ * switches, and may be preempted, after the tracepoint), so nothing is counted
+ * for a thread after its exit, which the proc_exit probe reports at that
+ * tracepoint too. sched_wakeup_new clears exiting[tid] for the new task that
+ * reuses a tid. Names (sel_comm) are resolved to tgids by the loader's /proc
+ * scan and by on_rename (reflexarc_common.h), never per event.
  *
  *   sched:sched_migrate_task  watched tid: migrations[tgid].all += 1, and
  *                             when cpu_node[orig] != cpu_node[dest]: .cross
  *                             += 1 and one struct numa_event into the ring
  *                             buffer numa_events (events_lost[0] += 1 when it
  *                             is full)
- *   sched:sched_wakeup(_new)  watched tid: queued_at[tid] = now
+ *   sched:sched_wakeup(_new)  watched tid: queued_at[tid] = now (_new first
+ *                             clears exiting[tid])
+ *   sched:sched_process_exit  tasks[tid] and queued_at[tid] deleted; a
+ *                             selected thread's exiting[tid] = tgid
  *   sched:sched_switch        prev selected and ran_at set: oncpu[tgid,
  *                             cpu_node[this CPU]] += now - ran_at, then
  *                             ran_at = 0;
  *                             prev selected and still runnable (preempted):
- *                             queued_at[prev] = now;
+ *                             queued_at[prev] = now; neither, nor watching
+ *                             it, when exiting[prev] holds its tgid;
  *                             next watched: tasks[next].ran_at = now (in the
  *                             entry the watched test looked up), and when
  *                             queued: runq_hist[tgid, slot(now -
@@ -44,8 +52,8 @@
  * The task name in an event is the tracepoint's comm field: a __data_loc
  * string on newer kernels (COMM_DATA_LOC defined), a char[16] before.
  *
- * cflags: -DMAX_SELECTED -DMAX_PIDS -DMAX_THREADS -DMAX_CPUS -DHIST_SLOTS
- *         -DRING_PAGES (a power of two) [-DCOMM_DATA_LOC]
+ * cflags: -DMAX_SELECTED -DMAX_PIDS -DMAX_THREADS -DMAX_EXITING -DMAX_CPUS
+ *         -DHIST_SLOTS -DRING_PAGES (a power of two) [-DCOMM_DATA_LOC]
  */
 #include <uapi/linux/ptrace.h>
 
@@ -80,6 +88,7 @@ struct numa_event {
 };
 
 BPF_TABLE("lru_hash", u32, struct task, tasks, MAX_THREADS);
+BPF_TABLE("lru_hash", u32, u32, exiting, MAX_EXITING);   /* tid -> tgid: past sched_process_exit */
 BPF_TABLE("lru_hash", u32, u64, queued_at, MAX_THREADS);
 BPF_ARRAY(cpu_node, s32, MAX_CPUS);
 BPF_HASH(migrations, u32, struct mig, MAX_PIDS);
@@ -143,15 +152,27 @@ int on_migrate(struct tracepoint__sched__sched_migrate_task *args)
     return 0;
 }
 
-/* Attached to sched_wakeup and sched_wakeup_new: they share this layout. */
-int on_wakeup(struct tracepoint__sched__sched_wakeup *args)
+static __always_inline int wakeup(u32 tid)
 {
-    u32 tid = args->pid;
     if (!tasks.lookup(&tid))
         return 0;
     u64 now = bpf_ktime_get_ns();
     queued_at.update(&tid, &now);
     return 0;
+}
+
+int on_wakeup(struct tracepoint__sched__sched_wakeup *args)
+{
+    return wakeup(args->pid);
+}
+
+/* A new task: its tid may be one an exited thread had. */
+int on_wakeup_new(struct tracepoint__sched__sched_wakeup_new *args)
+{
+    u32 tid = args->pid;
+    if (exiting.lookup(&tid))
+        exiting.delete(&tid);
+    return wakeup(tid);
 }
 
 /* Add the stretch a watched thread leaving this CPU ran since ran_at to its
@@ -176,16 +197,23 @@ int on_switch(struct tracepoint__sched__sched_switch *args)
 
     if (prev != 0) {                      /* current is prev here */
         u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        int leaving = 0;
         if (selected(tgid)) {
             struct task *known = tasks.lookup(&prev);
-            if (!known || known->tgid != tgid) {
-                struct task fresh = {.tgid = tgid};
-                tasks.update(&prev, &fresh);
-            } else if (known->ran_at) {
-                now = bpf_ktime_get_ns();
-                credit_oncpu(known, now);
+            if (known && known->tgid == tgid) {
+                if (known->ran_at) {
+                    now = bpf_ktime_get_ns();
+                    credit_oncpu(known, now);
+                }
+            } else {
+                u32 *gone = exiting.lookup(&prev);
+                leaving = gone && *gone == tgid;   /* on its way out: not watched again */
+                if (!leaving) {
+                    struct task fresh = {.tgid = tgid};
+                    tasks.update(&prev, &fresh);
+                }
             }
-            if ((args->prev_state & SLEEP_STATE_BITS) == 0) {
+            if (!leaving && (args->prev_state & SLEEP_STATE_BITS) == 0) {
                 if (!now)
                     now = bpf_ktime_get_ns();
                 queued_at.update(&prev, &now);
@@ -214,8 +242,11 @@ int on_switch(struct tracepoint__sched__sched_switch *args)
 
 int on_exit(void *ctx)
 {
-    u32 tid = bpf_get_current_pid_tgid();
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = id, tgid = id >> 32;
     tasks.delete(&tid);
     queued_at.delete(&tid);
+    if (selected(tgid))
+        exiting.update(&tid, &tgid);
     return 0;
 }

@@ -23,7 +23,9 @@ on-CPU time spent on CPUs outside its memory node), and
 ``probe_events_lost_total{probe="sched_numa"}`` (running count of events the
 full ring buffer could not take). ``trainer`` is the worker's training process
 (``core/trainers.py``), the same for the new workers of every epoch; it is left
-out for a process that exited before its first collect, or an orphan.
+out for a process that exited before its first collect, or an orphan. A
+process whose exit the probe manager saw (``forget_exited``) is not reported
+again, even while it waits to be reaped.
 
 A process's memory node is the node with the most resident memory in
 ``/proc/<pid>/numa_maps`` (the ``N<node>=<pages>`` fields of every mapping,
@@ -66,7 +68,10 @@ Example::
 Overhead: sched_switch fires on every context switch on the node (~10 ns on
 bare metal, plus the selection test for the outgoing task, an array and a hash
 lookup, and one lookup for the incoming one); wakeups and migrations cost one
-lookup unless the thread is watched; a crossing adds one ring-buffer reserve
+lookup unless the thread is watched (a new task's first wakeup one lookup
+more); a thread's exit two deletes, and for a selected one an update (a
+thread past its exit is not watched again, so nothing is counted for a
+process after the exit ``proc_exit`` reports); a crossing adds one ring-buffer reserve
 and submit (48 bytes; 8 pages hold ~580 events between polls). The on-CPU time
 adds nothing for unselected tasks; for a watched incoming thread one clock
 read (shared with the run-queue timing) and a store into the entry its lookup
@@ -112,6 +117,7 @@ REQUIRED = ("sched_migrate_task", "sched_switch", "sched_wakeup")
 CROSS_NUMA_MIGRATION = "cross_numa_migration"
 SMALL_PAGE_KB = 4       # a numa_maps line without kernelpagesize_kB
 HOME_REFRESH_S = 30.0   # a process's memory node is re-read this often (numa_maps walks its page tables)
+MAX_EXITING = 4096      # threads past sched_process_exit kept unwatched on their way out (LRU)
 
 
 class NumaEvent(ct.Structure):
@@ -208,8 +214,8 @@ class SchedNuma(Probe):
 
     def cflags(self) -> list[str]:
         flags = [f"-DMAX_SELECTED={MAX_SELECTED}", f"-DMAX_PIDS={self.max_pids}",
-                 f"-DMAX_THREADS={self.max_threads}", f"-DMAX_CPUS={self.max_cpus}",
-                 f"-DHIST_SLOTS={SLOTS}", f"-DRING_PAGES={self.ring_pages}"]
+                 f"-DMAX_THREADS={self.max_threads}", f"-DMAX_EXITING={MAX_EXITING}",
+                 f"-DMAX_CPUS={self.max_cpus}", f"-DHIST_SLOTS={SLOTS}", f"-DRING_PAGES={self.ring_pages}"]
         return flags + (["-DCOMM_DATA_LOC"] if self._comm_data_loc else [])
 
     def choose_attach_points(self) -> ProbeStatus:
@@ -240,7 +246,8 @@ class SchedNuma(Probe):
         self.bpf[b"numa_events"].open_ring_buffer(self._on_event)
         self.bpf.attach_tracepoint(tp=b"sched:sched_migrate_task", fn_name=b"on_migrate")
         for event in self._wakeups:
-            self.bpf.attach_tracepoint(tp=f"sched:{event}".encode(), fn_name=b"on_wakeup")
+            name = f"on_{event.removeprefix('sched_')}"        # on_wakeup, on_wakeup_new
+            self.bpf.attach_tracepoint(tp=f"sched:{event}".encode(), fn_name=name.encode())
         self.bpf.attach_tracepoint(tp=b"sched:sched_switch", fn_name=b"on_switch")
         if self._exit_tracepoint:
             self.bpf.attach_tracepoint(tp=b"sched:sched_process_exit", fn_name=b"on_exit")
@@ -280,7 +287,8 @@ class SchedNuma(Probe):
         self.selection = selection
         if self.bpf is None:
             return
-        self._pids = sync_selection(self.bpf, selection, self.procs)
+        found = sync_selection(self.bpf, selection, self.procs)
+        self._pids = {pid for pid in found if pid in self._pids or not self._zombie(pid)}
         tasks = self.bpf[b"tasks"]
         for pid in self._pids:
             self.migrations.ensure((pid, "all"))
@@ -290,6 +298,15 @@ class SchedNuma(Probe):
                 known = tasks.get(key)
                 if known is None or known.tgid != pid:
                     tasks[key] = tasks.Leaf(tgid=pid)
+
+    def _zombie(self, pid: int) -> bool:
+        """``pid`` exited and waits to be reaped: /proc lists it, named as it
+        was, but it runs no more."""
+        try:
+            with open(os.path.join(self.procs.root, str(pid), "stat"), "rb") as f:
+                return f.read().rpartition(b")")[2].split()[:1] == [b"Z"]
+        except OSError:
+            return False
 
     def memory_node(self, pid: int) -> int | None:
         """The NUMA node holding most of ``pid``'s resident memory (its
@@ -354,3 +371,15 @@ class SchedNuma(Probe):
             del self._homes[pid]
         self.trainers.prune(active | set(hists) | set(oncpu))
         return out
+
+    def forget_exited(self, pids: frozenset[int]) -> None:
+        """Stop reporting processes that exited (the probe manager passes the
+        exits the kernel saw, after the collect that read their last counts;
+        the kernel counts nothing for their threads after the exit). A
+        selection update that finds one unreaped does not start its counters
+        again: a newly selected process is not counted from zero when it is
+        a zombie."""
+        self.migrations.forget(key for key in self.migrations.keys() if key[0] in pids)
+        self._pids -= pids
+        for pid in pids:
+            self._homes.pop(pid, None)

@@ -16,26 +16,32 @@ with ``O_NOFOLLOW`` (a planted link is refused, not followed) and created
 
 Evaluations (``evals``):
 
-- ``all``: every evaluation (simulations and tests: the report draws them).
-- ``sampled`` (live runs): an evaluation is written when its result or state
-  differs from the last one written for that rule-target, on every tick while
-  the rule is on its way to acting (``pending``, ``firing``, ``verifying``),
-  and otherwise at most once per ``sample_every`` seconds. The volume then
-  follows what happens, not rules x targets x time.
+- ``all``: every evaluation (``simulate --all-evals``, tests): the report draws
+  each one.
+- ``sampled`` (live runs and simulations): an evaluation is written when its
+  result or state differs from the last one written for that rule-target, on
+  every tick while the rule is on its way to acting (``pending``, ``firing``,
+  ``verifying``), and otherwise at most once per ``sample_every`` seconds. The
+  volume then follows what happens, not rules x targets x time.
 
 The file rotates when it passes ``max_bytes``: ``audit.jsonl`` becomes
 ``audit.jsonl.1`` (older ones shift up to ``keep``; the oldest is dropped).
 ``report`` reads the rotated files first, oldest first.
 
+Listeners (``listeners``, callables taking the record) hear every record as it
+is written, whether or not the file took it: ``narrate.Narrator`` tells them
+on stderr. A listener that raises is logged once and counted in
+``listener_errors``; the record and the controller go on.
+
 Example::
 
-    audit = AuditLog("out/audit.jsonl", clock, evals="sampled", sample_every=1200)
+    audit = AuditLog("out/audit.jsonl", clock, evals="sampled", sample_every=1200, listeners=[print])
     audit.write("transition", policy="p", rule="r", target="pid=1", frm="ok", to="pending")
     if audit.eval_due("p/r/pid=1", "ok", False, now):
         audit.write("eval", ...)
 
-Overhead: one ``json.dumps`` and one ``write(2)`` per record; a sampled
-evaluation that is not due costs one dictionary look-up.
+Overhead: one ``json.dumps`` and one ``write(2)`` per record, plus what its
+listeners cost; a sampled evaluation that is not due costs one dictionary look-up.
 """
 from __future__ import annotations
 
@@ -66,7 +72,7 @@ def rotated_paths(path: str | Path) -> list[Path]:
 
 class AuditLog:
     def __init__(self, path: str | Path | None, clock, evals: str = "all", sample_every: float = 1200.0,
-                 max_bytes: int = 64 << 20, keep: int = 4) -> None:
+                 max_bytes: int = 64 << 20, keep: int = 4, listeners=()) -> None:
         if evals not in EVAL_MODES:
             raise ValueError(f"evals must be one of {', '.join(EVAL_MODES)}")
         self.clock = clock
@@ -80,6 +86,8 @@ class AuditLog:
         self._failing: str | None = None     # the reason writes are failing for, reported once
         self._last_reason = ""
         self.dropped = Counter()             # records not written, by reason (errno name)
+        self.listeners = list(listeners)     # called with each record
+        self.listener_errors = 0
         if self.path is not None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,6 +168,13 @@ class AuditLog:
             self._append((json.dumps(rec, sort_keys=True, default=str, separators=(",", ":")) + "\n").encode())
         if self.keep_in_memory:
             self.records.append(rec)
+        for listener in self.listeners:
+            try:
+                listener(rec)
+            except Exception:            # telling about a record never stops recording nor the controller
+                if not self.listener_errors:
+                    log.exception("audit listener %r failed; its later failures are only counted", listener)
+                self.listener_errors += 1
         return rec
 
     def eval_due(self, key: str, state: str, result: bool, now: float) -> bool:

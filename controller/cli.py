@@ -1,6 +1,6 @@
 """The ``reflexarc`` command line.
 
-    reflexarc validate FILE|DIR...           check policies (file:line:col: error: ...)
+    reflexarc validate FILE|DIR... [--node]  check policies (file:line:col: error: ...)
     reflexarc simulate --list | SCENARIO     run a scenario in simulated time, write audit + report
     reflexarc test-policies FILE|DIR...      policy unit tests (scenario + expected actions)
     reflexarc report AUDIT --out DIR         HTML/JSON/Markdown report of an audit log
@@ -10,8 +10,16 @@
     reflexarc probes [--dump-bpf]            each probe's tier, status and attach points
     reflexarc top                            live signals per target
     reflexarc act ACTUATOR key=value...      one actuator by hand, through plan/diff/journal
+                                             (a summary; --json the whole result)
     reflexarc rollback ID|--all              revert journaled changes
     reflexarc journal                        list journaled changes
+
+The global options (``--state-dir``, ``-v``, ...) go before the command or
+after it (``VerbParser``), ``--version`` says which reflexarc this is, and
+every command and option has its ``--help``. ``validate``, ``explain`` and
+``test-policies`` need no privilege (without root they skip this node's
+checks, with a note, unless ``--node``); ``run``, ``probes`` and ``top`` say
+in one line that loading probes needs root (``_missing_privilege``).
 
 Bad input gives one ``error:`` line and exit 1 (2 for a bad command line),
 never a traceback (``REFLEXARC_DEBUG=1`` shows it) and never a wait: intervals
@@ -34,6 +42,7 @@ from reflexarc.actuators.base import ActuatorError
 from reflexarc.core.outcomes import Outcome
 
 from .input_files import InputFileError, check_regular, kind_of
+from .narrate import LOG_FORMATS, Narrator, configure_logging
 from .policy.model import MODES
 
 DEFAULT_STATE_DIR = "/var/lib/reflexarc"
@@ -47,6 +56,44 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, no usage dump
         print(f"error: {message} (see '{self.prog} --help')", file=sys.stderr)
         sys.exit(2)
+
+
+class VerbParser(Parser):
+    """A command's parser: it takes the global options too (``_global_options``)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        _global_options(self, after_verb=True)
+
+
+def _global_options(parser: argparse.ArgumentParser, after_verb: bool = False) -> None:
+    """The options of the command line as a whole. Every command takes them
+    too (``after_verb``): there they have no default of their own, so a value
+    given after the command overrides one given before it."""
+    state_dir = os.environ.get("REFLEXARC_STATE_DIR", DEFAULT_STATE_DIR)
+    group = parser.add_argument_group("global options (before or after the command)") if after_verb else parser
+
+    def add(*names, default=None, **kwargs):
+        group.add_argument(*names, default=argparse.SUPPRESS if after_verb else default, **kwargs)
+
+    add("-v", "--verbose", action="count", default=0,
+        help="log what each step does (level INFO); -vv: everything at DEBUG, the libraries' records included")
+    add("--log-format", choices=LOG_FORMATS, default="text",
+        help="stderr as text lines (default) or one JSON object a line, for log shippers: the events told "
+             "(transitions, actions, node events) and the log records alike")
+    add("--state-dir", type=_path_arg, default=state_dir,
+        help=f"journal and audit directory (default {state_dir}, or $REFLEXARC_STATE_DIR)")
+    add("--proc-root", type=_path_arg, default="/proc",
+        help="procfs tree to read processes from (default /proc; a fixture tree in tests)")
+    add("--sys-root", type=_path_arg, default="/sys",
+        help="sysfs tree describing the machine: NUMA nodes, online CPUs, PCI devices, interfaces "
+             "(affinity actuator, sched_numa probe, readiness; default /sys)")
+    add("--hook-dir", type=_path_arg, default="/run/reflexarc/hooks",
+        help="where training scripts serve their hook sockets (docs/hooks.md; default /run/reflexarc/hooks)")
+    add("--alertmanager-url", default=os.environ.get("REFLEXARC_ALERTMANAGER_URL"), metavar="URL",
+        help="Alertmanager to send alerts to (default $REFLEXARC_ALERTMANAGER_URL)")
+    add("--webhook-url", default=os.environ.get("REFLEXARC_WEBHOOK_URL"), metavar="URL",
+        help="webhook to POST alerts to (default $REFLEXARC_WEBHOOK_URL)")
 
 
 # --- helpers -------------------------------------------------------------------
@@ -192,14 +239,27 @@ def _node_findings(args, policies, override: str | None = None, promql=None, job
     """What keeps the policies from working on this node (``readiness.py``);
     ``promql``: the PromQL source's configuration, if one is given; ``jobs``:
     also say which jobs the policies name run nowhere here (not for ``run``,
-    where jobs start and stop while it runs)."""
+    where jobs start and stop while it runs). ``validate`` and ``explain`` by
+    a user who is not root judge from the signal catalogue unless ``--node``
+    asks for this node (``readiness.CatalogueFacts``: ``cmd_*`` print its note)."""
     from reflexarc.core.devices import Devices
     from .producers import NodeFacts
-    from .readiness import findings
-    facts = NodeFacts(Devices(sys_root=args.sys_root), promql=promql.signals if promql else False,
-                      jobs=_running_jobs(args.proc_root) if jobs else None)
+    from .readiness import CatalogueFacts, findings
+    produced = promql.signals if promql else False
+    if getattr(args, "node", True) or os.geteuid() == 0:
+        facts = NodeFacts(Devices(sys_root=args.sys_root), promql=produced,
+                          jobs=_running_jobs(args.proc_root) if jobs else None)
+    else:
+        facts = CatalogueFacts("not root", promql=produced)
     receiver = bool(args.alertmanager_url or args.webhook_url)
     return facts, findings(policies, facts, receiver, override, strict=getattr(args, "strict", False))
+
+
+def _note_unseen(facts) -> None:
+    """The one line saying which of this node's checks were skipped, and why."""
+    from .readiness import CatalogueFacts
+    if isinstance(facts, CatalogueFacts):
+        print(facts.note(), file=sys.stderr)
 
 
 def _running_jobs(proc_root: str) -> tuple[str, ...] | None:
@@ -228,7 +288,8 @@ def _journal(args, clock=None):
     try:
         journal = Journal(Path(args.state_dir) / "journal.jsonl", clock)
     except JournalLocked as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(f"{exc}; a running controller is asked over {state / 'control.sock'} (reflexarc "
+                       f"status, journal, rollback, act, pause): it is not answering there") from None
     except OSError as exc:
         raise CliError(f"cannot open the journal in {args.state_dir}: {exc.strerror or exc}") from None
     for warning in journal.warnings:
@@ -246,7 +307,9 @@ def cmd_validate(args) -> int:
     promql = _promql(args)
     diags = diags + promql.diagnostics
     if not any(d.is_error for d in diags):
-        diags = sorted(diags + _node_findings(args, policies, promql=promql.config)[1])
+        facts, found = _node_findings(args, policies, promql=promql.config)
+        _note_unseen(facts)
+        diags = sorted(diags + found)
     for d in diags:
         print(d)
     errors = [d for d in diags if d.is_error]
@@ -274,6 +337,7 @@ def cmd_explain(args) -> int:
     if any(d.is_error for d in promql.diagnostics):
         raise CliError(f"{sum(d.is_error for d in promql.diagnostics)} error(s) in {args.promql_config}")
     facts, _ = _node_findings(args, [], promql=promql.config)   # the node as validate and run see it
+    _note_unseen(facts)
     print(explain(policies, facts, receiver=bool(args.alertmanager_url or args.webhook_url)), end="")
     return 0
 
@@ -289,7 +353,8 @@ def cmd_simulate(args) -> int:
     out = _output_dir(args.out or f"out/{args.scenario.replace('/', '_')}")
     policies = _load_policies(args.policy) if args.policy else None
     try:
-        result = run_scenario(args.scenario, policies, args.mode, out, report=True)
+        result = run_scenario(args.scenario, policies, args.mode, out, report=True,
+                              evals="all" if args.all_evals else "sampled")
     except ScenarioError as exc:
         raise CliError(str(exc)) from None
     print(format_summary_table(summarize(result.records)))
@@ -383,6 +448,20 @@ def _reconcile(executor, journal) -> list:
     return results
 
 
+def _control(args, ctl, journal, manager):
+    """The control socket of this run (``control.py``), answered by ``steer.py``."""
+    from .control import ControlError, ControlServer, group_id, socket_path
+    from .steer import Steering
+    probes = (lambda: {}) if manager is None else (lambda: {n: st.state for n, st in manager.statuses().items()})
+    try:
+        return ControlServer(socket_path(args.state_dir), Steering(ctl, journal, probes),
+                             group=group_id(args.control_group))
+    except ControlError as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"control socket {socket_path(args.state_dir)}: {exc.strerror or exc}") from None
+
+
 def cmd_run(args) -> int:
     from reflexarc.actuators.registry import build_registry
     from .audit import AuditLog
@@ -454,6 +533,7 @@ def cmd_run(args) -> int:
         from .promql import PromqlSource
         sources.append(PromqlSource(promql.config, metrics.registry))
     manager = None
+    bus = SignalBus()                      # the probe source drops exited processes' series from it
     if not args.no_probes:
         from reflexarc.bpf.manager import ProbeManager
         manager = ProbeManager(_selection(policies, args.job), interval=args.interval, sys_root=args.sys_root,
@@ -462,10 +542,11 @@ def cmd_run(args) -> int:
             logging.getLogger("reflexarc.probes").info("%s: %s", name, status)
         config.deep_tier = manager
         registry.discard("deep_tracing")     # built without the deep tier if the reconcile used it
-        sources.append(ProbeSource(manager, hook_dir=str(hook_dir) if hook_dir.is_dir() else None))
-    ctl = Controller(policies, SignalBus(), registry, clock, mode_override=override, metrics=metrics,
+        sources.append(ProbeSource(manager, hook_dir=str(hook_dir) if hook_dir.is_dir() else None, bus=bus))
+    ctl = Controller(policies, bus, registry, clock, mode_override=override, metrics=metrics,
                      journal=journal, audit=AuditLog(audit_path, clock, evals="sampled", sample_every=args.audit_sample,
-                                                    max_bytes=int(args.audit_max_mb * (1 << 20))),
+                                                    max_bytes=int(args.audit_max_mb * (1 << 20)),
+                                                    listeners=[Narrator(args.log_format)]),   # each event on stderr
                      limits=LimitSettings(args.kill_switch, args.max_active, args.actions_per_hour),
                      target_grace=args.target_grace)
     reloader = Reloader(ctl, files, facts, receiver=bool(args.alertmanager_url or args.webhook_url),
@@ -473,13 +554,15 @@ def cmd_run(args) -> int:
     hup = _set_hup(lambda *_: reloader.request())   # reload at the next tick
     if EARLY_HUPS:                                   # one came while starting
         reloader.request()
+    control = _control(args, ctl, journal, manager)
     ctl.start(source="live", reconciled=reconciled)
     if server is not None:
         from .exporter import export_live_state
         export_live_state(metrics.registry, ctl.bus, manager, journal, ctl.audit,
                           alerts=lambda: registry.built("alert"))
     try:
-        summary = run_live(ctl, sources, clock, args.interval, args.duration, server, reloader=reloader)
+        summary = run_live(ctl, sources, clock, args.interval, args.duration, server, reloader=reloader,
+                           control=control)
     finally:
         _set_hup(hup)
     journal.close()
@@ -514,13 +597,20 @@ def cmd_probes(args) -> int:
 
 
 def cmd_top(args) -> int:
-    from .top import run_top
+    from .top import run_top, run_top_remote
+    if not args.local and _ask(args, {"verb": "top"}) is not None:    # a controller runs: its view
+        return run_top_remote(lambda: _ask(args, {"verb": "top"}) or _gone(args), args.interval,
+                              1 if args.once else args.count, proc_root=args.proc_root)
     hook_dir = args.hook_dir if Path(args.hook_dir).is_dir() else None
     if args.no_probes and hook_dir is None:
         raise CliError(f"--no-probes: nothing to show without the hook directory {args.hook_dir}")
     selection = None if args.no_probes else _selection(_load_policies(args.policy), args.job)
     return run_top(selection, args.interval, 1 if args.once else args.count, hook_dir=hook_dir, job=args.job,
                    sys_root=args.sys_root, proc_root=args.proc_root, probes=not args.no_probes)
+
+
+def _gone(args):
+    raise CliError(f"the controller on {args.state_dir} stopped")
 
 
 def cmd_jobs(args) -> int:
@@ -596,6 +686,13 @@ def cmd_act(args) -> int:
                        "processes anywhere on the node)")
     selector = {"match": {"job": args.job} if args.job else {}, "processes": args.process, "pids": args.pid,
                 "cgroup": args.cgroup or "", "interfaces": args.interface, "ports": ports}
+    if args.mode == "enforce":              # a running controller holds the journal: it acts, and audits
+        reply = _ask(args, {"verb": "act", "actuator": args.actuator, "params": texts, "labels": labels,
+                            "selector": {**selector, "ports": args.port}, "mode": args.mode})
+        if reply is not None:
+            registry.close()
+            return _acted(args, {k: reply.get(k) for k in ("outcome", "journal_id", "error", "before", "after",
+                                                             "summary")})
     clock = WallClock()
     journal = _journal(args, clock) if args.mode == "enforce" else None
     ex = Executor(registry, journal, clock)
@@ -605,16 +702,40 @@ def cmd_act(args) -> int:
         res = _delivered(registry.get("alert"), res)
     registry.close()
     _audit_manual(args, clock, target, params, res)
-    view = {"outcome": res.outcome, "journal_id": res.journal_id, "error": res.error,
-            "before": res.change.before if res.change else None,
-            "after": res.change.after if res.change else None,
-            "summary": res.change.summary if res.change else None}
-    print(json.dumps(view, indent=2, sort_keys=True, default=str))
     if journal:
         journal.close()
-    if res.outcome is Outcome.FAILED:
-        raise CliError(f"{args.actuator}: {res.error}")
+    return _acted(args, {"outcome": res.outcome, "journal_id": res.journal_id, "error": res.error,
+                         "before": res.change.before if res.change else None,
+                         "after": res.change.after if res.change else None,
+                         "summary": res.change.summary if res.change else None})
+
+
+def _acted(args, view: dict) -> int:
+    """Print what ``act`` did (a summary, or ``--json``); an error for a failed step."""
+    if args.json:
+        print(json.dumps(view, indent=2, sort_keys=True, default=str))
+    elif view["outcome"] != Outcome.FAILED:
+        print(_act_summary(view))
+    if view["outcome"] == Outcome.FAILED:
+        raise CliError(f"{args.actuator}: {view['error']}")
     return 0
+
+
+ACT_AFTERWORDS = {Outcome.PLANNED: "nothing was changed (dry-run); --mode enforce applies it",
+                  Outcome.ALERTED: "nothing was changed (alert-only): an alert describes the change",
+                  Outcome.NOOP: "nothing to change: the system already is as asked"}
+
+
+def _act_summary(view: dict) -> str:
+    """What ``act`` did, for a person: the outcome and the change, then what
+    follows from it (``--json`` prints the whole result instead)."""
+    outcome = Outcome(view["outcome"])
+    lines = [f"{outcome}: {view['summary'] or 'no change'}"]
+    if outcome in ACT_AFTERWORDS:
+        lines.append(f"  {ACT_AFTERWORDS[outcome]}")
+    if view["journal_id"]:
+        lines.append(f"  journal id {view['journal_id']}: 'reflexarc rollback {view['journal_id']}' reverts it")
+    return "\n".join(lines)
 
 
 def _audit_manual(args, clock, target, params, res) -> None:
@@ -637,6 +758,11 @@ def cmd_rollback(args) -> int:
         return _forget(args)
     if not args.all and not args.id:
         raise CliError("name a journal id or --all")
+    if args.all and args.id:
+        raise CliError("name a journal id or --all, not both")
+    reply = _ask(args, {"verb": "rollback", **({"all": True} if args.all else {"id": args.id})})
+    if reply is not None:                  # through the running controller: its rules follow
+        return _rolled_back(reply["results"])
     journal = _journal(args, WallClock())
     ex = Executor(build_registry(_actuator_config(args)), journal, WallClock())
     entries = journal.open_entries()
@@ -667,6 +793,18 @@ def cmd_rollback(args) -> int:
     return 0
 
 
+def _rolled_back(results: list[dict]) -> int:
+    for r in results:
+        print(f"{r['id']} {r['actuator'] or '?':14s} {r['outcome']}" + (f": {r['error']}" if r["error"] else "")
+              + (f"  ({r['summary']})" if r["summary"] else ""))
+    if not results:
+        print("nothing to roll back")
+    failed = sum(r["outcome"] == Outcome.FAILED for r in results)
+    if failed:
+        raise CliError(f"{failed} change(s) could not be reverted; they stay in the journal")
+    return 0
+
+
 def _forget(args) -> int:
     """``rollback --forget ID --reason TEXT``: close an open entry without reverting
     it (one this version cannot revert), journaled and audited."""
@@ -677,16 +815,18 @@ def _forget(args) -> int:
     reason = (args.reason or "").strip()
     if not reason:
         raise CliError("--forget needs --reason TEXT: why the change may stay as it is (it is audited)")
+    reply = _ask(args, {"verb": "forget", "id": args.forget, "reason": reason})
+    if reply is not None:
+        print(f"{reply['id']} {reply['actuator'] or '?':14s} forgotten: the change was not reverted; "
+              f"whatever it changed stays as it is")
+        return 0
     from .journal import JournalWriteError
     clock = WallClock()
     journal = _journal(args, clock)
     try:
-        entry = next((e for e in journal.open_entries() if e.id == args.forget), None)
-        if entry is None:
-            raise CliError(f"no open journal entry '{args.forget}' (see 'reflexarc journal')")
         try:
-            journal.mark(entry.id, Outcome.FORGOTTEN, note=f"forgotten by an operator: {reason}")
-        except JournalWriteError as exc:
+            entry = journal.forget(args.forget, reason)
+        except (LookupError, JournalWriteError) as exc:
             raise CliError(str(exc)) from None
     finally:
         journal.close()
@@ -699,11 +839,149 @@ def _forget(args) -> int:
     return 0
 
 
+def _ask(args, payload: dict) -> dict | None:
+    """The running controller's reply to ``payload``, or None when no controller
+    runs on this state dir (the verb then works on the files)."""
+    from .control import ControlError, NoController, request
+    try:
+        return request(args.state_dir, payload)
+    except NoController:
+        return None
+    except ControlError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _when(ts) -> str:
+    import datetime
+    if not isinstance(ts, (int, float)):
+        return "-" * 19
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _journal_line(jid, state, actuator, policy, rule, summary, history) -> str:
+    first = history[0].get("ts") if history else None
+    last = history[-1].get("ts") if history else None
+    return (f"{jid} {state:9s} {actuator or '?':14s} {_when(first)} {_when(last)[11:] if last != first else '':8s}  "
+            f"{policy}/{rule}  {summary}")
+
+
+def _check(args) -> int:
+    """``journal --check``: read back every open change; exit 1 naming those
+    the system no longer shows."""
+    from reflexarc.actuators.registry import build_registry
+    from .clock import WallClock
+    from .executor import Executor
+    reply = _ask(args, {"verb": "check"})
+    if reply is not None:
+        opened, drifted = reply["open"], reply["drifted"]
+        names = {e["id"]: e["actuator"] for e in (_ask(args, {"verb": "journal"}) or {"entries": []})["entries"]}
+    else:
+        journal = _journal(args, WallClock())
+        ex = Executor(build_registry(_actuator_config(args)), journal, WallClock())
+        entries = journal.open_entries()
+        opened, drifted, names = len(entries), {}, {}
+        for e in entries:
+            names[e.id] = e.change.get("actuator")
+            try:
+                differs = ex.drifted(e)
+            except ActuatorError as exc:
+                print(f"{e.id} {names[e.id] or '?':14s} cannot be read back: {exc}")
+                continue
+            if differs is not None:
+                drifted[e.id] = differs
+        journal.close()
+    for jid, differs in sorted(drifted.items()):
+        print(f"{jid} {names.get(jid) or '?':14s} drifted: {differs}")
+    print(f"{opened} open change(s), {len(drifted)} drifted")
+    if drifted:
+        raise CliError(f"{len(drifted)} open change(s) no longer hold as journaled: someone changed them behind "
+                       "the controller's back (reflexarc rollback ID restores what was there before)")
+    return 0
+
+
 def cmd_journal(args) -> int:
-    journal = _journal(args)
-    for e in journal.entries():
-        print(f"{e.id} {e.state:9s} {e.change['actuator']:14s} {e.policy}/{e.rule}  {e.change.get('summary', '')}")
-    journal.close()
+    if args.check:
+        return _check(args)
+    reply = _ask(args, {"verb": "journal"})
+    if reply is not None:
+        rows = [(e["id"], e["state"], e["actuator"], e["policy"], e["rule"], e["summary"], e["history"])
+                for e in reply["entries"]]
+    else:
+        journal = _journal(args)
+        rows = [(e.id, e.state, e.change.get("actuator"), e.policy, e.rule, e.change.get("summary", ""), e.history)
+                for e in journal.entries()]
+        journal.close()
+    if rows:
+        print(f"{'id':12s} {'state':9s} {'actuator':14s} {'journaled':19s} {'last step':9s} policy/rule  change")
+    for row in rows:
+        print(_journal_line(*row))
+    return 0
+
+
+def cmd_status(args) -> int:
+    reply = _ask(args, {"verb": "status"})
+    if reply is None:
+        print(f"controller: not running on {args.state_dir}")
+        journal = _journal(args)
+        entries = journal.open_entries()
+        journal.close()
+        print(f"journal: {len(entries)} open change(s)" + (" (reflexarc journal lists them; the next start or "
+                                                           "reflexarc rollback reverts them)" if entries else ""))
+        return 0
+    if args.json:
+        print(json.dumps({k: v for k, v in reply.items() if k != "ok"}, indent=2, sort_keys=True))
+        return 0
+    print(_status_text(reply))
+    return 0
+
+
+def _status_text(st: dict) -> str:
+    held, pause, lim = st["enforcement"]["held"], st["enforcement"]["paused"], st["limits"]
+    lines = [f"controller: running; mode {st['mode']}; {len(st['policies'])} policies, {st['targets']} targets"]
+    if held == "kill_switch":
+        lines.append(f"enforcement: HELD by the kill switch {st['enforcement']['kill_switch']} "
+                     "(no change is made; remove the file to resume)")
+    elif pause is not None:
+        until = f" until {_when(pause['until'])}" if pause["until"] else " until 'reflexarc resume'"
+        lines.append(f"enforcement: PAUSED{until}, by uid {pause['by'].get('uid', '?')}: {pause['reason']}")
+    else:
+        lines.append("enforcement: on")
+    lines.append(f"limits: {lim['active']} of {lim['max_active']} active changes; {lim['actions_last_hour']} of "
+                 f"{lim['actions_per_hour']} actions in the last hour")
+    if st["changes"]:
+        lines.append("changes held:")
+        lines += [f"  {c['journal_id'] or '-':12s} {c['actuator']:14s} {c['policy']}/{c['rule']} {c['target']} "
+                  f"({c['mode']}): {c['summary']}" for c in st["changes"]]
+    lines.append("rules not ok:" if st["rules"] else "rules: every rule-target is ok")
+    lines += [f"  {r['policy']}/{r['rule']} {r['target']}: {r['state']} for {r['for_s']:g} s"
+              + (f"  [{r['evidence']}]" if r["evidence"] else "") for r in st["rules"]]
+    if st["probes"]:
+        lines.append("probes: " + ", ".join(f"{name} {state}" for name, state in sorted(st["probes"].items())))
+    return "\n".join(lines)
+
+
+def cmd_pause(args) -> int:
+    reason = (args.reason or "").strip()
+    if not reason:
+        raise CliError("pause needs --reason TEXT: why enforcement is held (it is audited)")
+    reply = _ask(args, {"verb": "pause", "reason": reason, **({"for": args.for_} if args.for_ else {})})
+    if reply is None:
+        raise CliError(f"no controller is running on {args.state_dir}; to keep one from acting when it starts, "
+                       f"touch the kill switch (default /run/reflexarc/disable)")
+    until = f" until {_when(reply['until'])}" if reply.get("until") else " until 'reflexarc resume'"
+    print(f"enforcement paused{until}: no change is made; changes already applied stay as they are "
+          "('reflexarc rollback' reverts them)")
+    return 0
+
+
+def cmd_resume(args) -> int:
+    reply = _ask(args, {"verb": "resume", "reason": (args.reason or "").strip() or "resumed by an operator"})
+    if reply is None:
+        raise CliError(f"no controller is running on {args.state_dir}")
+    if reply["held"] == "kill_switch":
+        print("pause ended, but the kill switch still holds enforcement: remove its file to resume")
+    else:
+        print("enforcement resumed" if reply["was_paused"] else "enforcement was not paused")
     return 0
 
 
@@ -729,51 +1007,71 @@ def actuators_help(only: str | None = None) -> str:
 
 
 
-def build_parser() -> Parser:
-    p = Parser(prog="reflexarc", description="Closed-loop remediation for training nodes.")
-    p.add_argument("-v", "--verbose", action="store_true")
-    p.add_argument("--state-dir", type=_path_arg, default=os.environ.get("REFLEXARC_STATE_DIR", DEFAULT_STATE_DIR),
-                   help="journal and audit directory (default %(default)s)")
-    p.add_argument("--proc-root", type=_path_arg, default="/proc")
-    p.add_argument("--sys-root", type=_path_arg, default="/sys",
-                   help="sysfs tree describing the machine: NUMA nodes, online CPUs, PCI devices "
-                        "(affinity actuator, sched_numa probe; default %(default)s)")
-    p.add_argument("--hook-dir", type=_path_arg, default="/run/reflexarc/hooks")
-    p.add_argument("--alertmanager-url", default=os.environ.get("REFLEXARC_ALERTMANAGER_URL"))
-    p.add_argument("--webhook-url", default=os.environ.get("REFLEXARC_WEBHOOK_URL"))
-    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+NODE_HELP = ("also check this node as this user sees it (what root gets anyway): whether each signal's "
+             "producers can run here, required devices, interfaces, running jobs")
 
-    s = sub.add_parser("validate", help="check policy files, and what keeps them from working on this node")
-    s.add_argument("paths", nargs="+", type=_path_arg)
+
+def build_parser() -> Parser:
+    from importlib.metadata import version
+    p = Parser(prog="reflexarc", description="Closed-loop remediation for training nodes.")
+    p.add_argument("--version", action="version", version=f"reflexarc {version('reflexarc')}")
+    _global_options(p)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=VerbParser, metavar="COMMAND",
+                           help="one of these ('reflexarc COMMAND --help' describes it)")
+
+    s = sub.add_parser("validate", help="check policy files, and what keeps them from working on this node",
+                       description="Checks policy files (file:line:col: error: ...), then what keeps them from "
+                                   "working on this node. A user who is not root gets the checks that need no "
+                                   "node: the signal catalogue, the alert receivers; --node adds this node's.")
+    s.add_argument("paths", nargs="+", type=_path_arg, metavar="POLICY_FILE_OR_DIR",
+                   help="policy files, or directories of them (*.yaml, *.yml)")
     s.add_argument("--strict", action="store_true",
                    help="treat warnings (a signal nothing here produces, an alert with no receiver) as errors")
     s.add_argument("--promql-config", metavar="FILE",
                    help="the PromQL source's configuration: its signals count as produced (docs/promql.md)")
+    s.add_argument("--node", action="store_true", help=NODE_HELP)
     s.set_defaults(fn=cmd_validate)
 
     s = sub.add_parser("explain", help="say in plain words what each policy will do, when, and what it needs "
                                        "on this node")
-    s.add_argument("paths", nargs="+", type=_path_arg, metavar="POLICY_FILE_OR_DIR")
+    s.add_argument("paths", nargs="+", type=_path_arg, metavar="POLICY_FILE_OR_DIR",
+                   help="policy files, or directories of them (*.yaml, *.yml)")
     s.add_argument("--policy-name", metavar="NAME", help="explain only the policy of this name")
     s.add_argument("--promql-config", metavar="FILE",
                    help="the PromQL source's configuration: its signals count as produced (docs/promql.md)")
+    s.add_argument("--node", action="store_true", help=NODE_HELP)
     s.set_defaults(fn=cmd_explain)
 
-    s = sub.add_parser("simulate", help="run a scenario in simulated time")
-    s.add_argument("scenario", nargs="?")
-    s.add_argument("--list", action="store_true")
-    s.add_argument("--policy", action="append", default=[], type=_path_arg)
-    s.add_argument("--mode", choices=MODES)
-    s.add_argument("--out", type=_path_arg)
+    s = sub.add_parser("simulate", help="run a scenario in simulated time",
+                       description="Runs a scenario (a node, its jobs and a fault, in simulated time) through "
+                                   "the controller and writes the audit log and a report.")
+    s.add_argument("scenario", nargs="?", help="a scenario's name (--list shows them) or its file")
+    s.add_argument("--list", action="store_true", help="list the scenarios and what each shows")
+    s.add_argument("--policy", action="append", default=[], type=_path_arg, metavar="POLICY_FILE_OR_DIR",
+                   help="run these policies instead of those the scenario names (repeatable)")
+    s.add_argument("--mode", choices=MODES, help="overrides every policy's mode")
+    s.add_argument("--out", type=_path_arg, metavar="DIR",
+                   help="where the audit log and report go (default out/SCENARIO)")
+    s.add_argument("--all-evals", action="store_true",
+                   help="write every evaluation to the audit (charts show each tick; 100 rules x 10 targets "
+                        "write about 1.9 GB per simulated hour); by default evaluations are sampled as run "
+                        "samples them: each change and every tick on the way to acting, a quiet rule-target "
+                        "once per 20 minutes")
     s.set_defaults(fn=cmd_simulate)
 
-    s = sub.add_parser("test-policies", help="run policy unit tests")
-    s.add_argument("paths", nargs="+", type=_path_arg)
+    s = sub.add_parser("test-policies", help="run policy unit tests",
+                       description="Runs each case of each test file: the policies it names, through its "
+                                   "scenario in simulated time, in the case's mode; PASS when the actions taken "
+                                   "are the ones expected (actuator, outcome, target, when), else FAIL with the "
+                                   "difference. Exit 1 when one fails. File format: controller/policy_tests.py.")
+    s.add_argument("paths", nargs="+", type=_path_arg, metavar="TEST_FILE_OR_DIR",
+                   help="policy test files, or directories of them (*.yaml, *.yml; e.g. policies/tests/)")
     s.set_defaults(fn=cmd_test_policies)
 
     s = sub.add_parser("report", help="write a report from an audit log")
-    s.add_argument("audit", type=_path_arg)
-    s.add_argument("--out", required=True, type=_path_arg)
+    s.add_argument("audit", type=_path_arg, help="the audit log (STATE_DIR/audit.jsonl, or a simulation's)")
+    s.add_argument("--out", required=True, type=_path_arg, metavar="DIR",
+                   help="where report.html, report.json and report.md go")
     s.add_argument("--full", action="store_true",
                    help="full detail: a chart for every target (those that never fired folded away), longer "
                         "tables; by default the HTML reads at a glance and stays under about 1 MB")
@@ -783,7 +1081,8 @@ def build_parser() -> Parser:
                                ("probes", cmd_probes, "list probes and their status"),
                                ("top", cmd_top, "show live signals")):
         s = sub.add_parser(name, help=helptext)
-        s.add_argument("--policy", action="append", default=[], type=_path_arg)
+        s.add_argument("--policy", action="append", default=[], type=_path_arg, metavar="POLICY_FILE_OR_DIR",
+                       help="policy files or directories (repeatable; default: the shipped policies)")
         s.add_argument("--job", default="", help="job label attached to probe signals")
         s.add_argument("--interval", type=_interval_arg, default=1.0, metavar="DURATION",
                        help="seconds between collections (default %(default)s)")
@@ -812,7 +1111,12 @@ def build_parser() -> Parser:
                                      "journal, loop lag) there; PORT alone is 127.0.0.1:PORT, IPv6 is [ADDR]:PORT")
             served.add_argument("--metrics-port", type=_port_arg,
                                 help="deprecated: the same as --metrics-addr 127.0.0.1:PORT")
-            s.add_argument("--kill-switch", type=_path_arg, default="/run/reflexarc/disable")
+            s.add_argument("--kill-switch", type=_path_arg, default="/run/reflexarc/disable",
+                           help="while this file exists no change is made to the system, refreshes included; "
+                                "changes already applied stay until rolled back (default %(default)s)")
+            s.add_argument("--control-group", metavar="GROUP",
+                           help="besides root, members of this group may steer the controller over "
+                                "STATE_DIR/control.sock (status, journal, rollback, act, pause, resume)")
             s.add_argument("--max-active", type=_count_arg, default=4,
                            help="at most this many active remediations on the node (default %(default)s)")
             s.add_argument("--actions-per-hour", type=_count_arg, default=20,
@@ -822,6 +1126,9 @@ def build_parser() -> Parser:
         if name == "top":
             s.add_argument("--count", type=_count_arg, help="refresh this many times, then exit")
             s.add_argument("--once", action="store_true", help="print one table and exit (the same as --count 1)")
+            s.add_argument("--local", action="store_true",
+                           help="load this command's own probes even when a controller runs (by default "
+                                "top shows the running controller's view: its signals, rules and changes)")
             s.add_argument("--no-probes", action="store_true",
                            help="do not load the bcc probes: only the step signals training scripts report "
                                 "through the hook directory")
@@ -858,19 +1165,53 @@ def build_parser() -> Parser:
     s.add_argument("--label", action="append", default=[], metavar="key=value",
                    help="a target label, e.g. trainer=4242 (a training process) or pid=812 (repeatable)")
     s.add_argument("--audit", help="audit log to append to (default STATE_DIR/audit.jsonl)")
+    s.add_argument("--json", action="store_true",
+                   help="print the result as JSON (outcome, before, after, summary, journal_id, error), a "
+                        "failed one included")
     s.set_defaults(fn=cmd_act)
 
-    s = sub.add_parser("rollback", help="revert journaled changes")
-    s.add_argument("id", nargs="?")
-    s.add_argument("--all", action="store_true")
+    s = sub.add_parser("rollback", help="revert journaled changes",
+                       description="Reverts changes the journal (STATE_DIR/journal.jsonl) lists open, one by its "
+                                   "id or --all, and records each as reverted; one that cannot be reverted stays "
+                                   "open, and the exit status is 1. A controller running on the state directory "
+                                   "is asked to do it. 'reflexarc journal' lists the ids.")
+    s.add_argument("id", nargs="?", help="the journal id of the change to revert (see 'reflexarc journal')")
+    s.add_argument("--all", action="store_true", help="revert every open change")
     s.add_argument("--forget", metavar="ID", help="close entry ID without reverting it (one this version "
                                                  "cannot revert, e.g. of an actuator it does not know); "
                                                  "needs --reason, and is audited")
     s.add_argument("--reason", metavar="TEXT", help="why the entry is forgotten (with --forget)")
     s.set_defaults(fn=cmd_rollback)
 
-    s = sub.add_parser("journal", help="list journaled changes")
+    s = sub.add_parser("journal", help="list journaled changes",
+                       description="Lists every change the journal (STATE_DIR/journal.jsonl) holds: its id, "
+                                   "state (applied, reverted, kept, ...), actuator, policy/rule and what it changed. "
+                                   "Applied ones are reverted by 'reflexarc rollback' or the next start.")
+    s.add_argument("--check", action="store_true",
+                   help="read back every open change and name those the system no longer shows (changed behind "
+                        "the controller's back); exit 1 when any has drifted")
     s.set_defaults(fn=cmd_journal)
+
+    s = sub.add_parser("status", help="what the running controller is doing: mode, rules that are not ok and "
+                                      "their evidence, changes held, limits used, enforcement, probes",
+                       description="Asks the controller running on --state-dir over its control socket "
+                                   "(root, or the --control-group of run). With none running, says so and "
+                                   "counts the journal's open changes.")
+    s.add_argument("--json", action="store_true", help="print the controller's whole reply as JSON")
+    s.set_defaults(fn=cmd_status)
+
+    s = sub.add_parser("pause", help="hold the running controller's enforcement: no change is made until "
+                                     "resume (or --for ends), refreshes included; audited",
+                       description="Applied changes stay as they are: 'reflexarc rollback' reverts them. "
+                                   "Rules still evaluate, plan and alert.")
+    s.add_argument("--reason", metavar="TEXT", help="why (required; written to the audit with who asked)")
+    s.add_argument("--for", dest="for_", type=_duration_arg, metavar="DURATION",
+                   help="resume by itself after this long (e.g. 10m); default: until 'reflexarc resume'")
+    s.set_defaults(fn=cmd_pause)
+
+    s = sub.add_parser("resume", help="end a pause of the running controller's enforcement; audited")
+    s.add_argument("--reason", metavar="TEXT", help="why (written to the audit)")
+    s.set_defaults(fn=cmd_resume)
     return p
 
 
@@ -909,6 +1250,22 @@ def _raise_fd_limit() -> None:
             pass                              # e.g. above fs.nr_open: the soft limit stays
 
 
+def _missing_privilege(args) -> str | None:
+    """Why ``run``, ``probes`` or ``top`` cannot load the eBPF probes they would
+    load (not with ``--no-probes``), said before anything starts; None when they
+    can. ``probes --dump-bpf`` too: the C follows the attach points tracefs offers."""
+    if args.command not in ("run", "probes", "top") or getattr(args, "no_probes", False):
+        return None
+    from reflexarc.bpf.probe import KernelFeatures
+    features = KernelFeatures()
+    why = features.missing_privilege()
+    if why is None:
+        return None
+    instead = "" if args.command == "probes" else "; --no-probes runs without them"
+    return (f"{args.command} needs root, or CAP_BPF and CAP_PERFMON with read access to {features.tracefs}, "
+            f"to load its eBPF probes ({why}){instead}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _set_hup(lambda *_: EARLY_HUPS.append(True))   # a reload asked while starting is not a hangup
@@ -918,9 +1275,12 @@ def main(argv: list[str] | None = None) -> int:
         print(actuators_help(only))
         return 0
     args = build_parser().parse_args(argv)
+    unprivileged = _missing_privilege(args)
+    if unprivileged:
+        print(f"error: {unprivileged}", file=sys.stderr)
+        return 1
     _raise_fd_limit()
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging(args.verbose, args.log_format)
     try:
         return args.fn(args)
     except (CliError, InputFileError, ActuatorError) as exc:

@@ -55,7 +55,7 @@ from .evaluate import conditions_of
 from .executor import Executor, StepResult
 from .journal import Journal
 from .lifecycle import ActiveChange, RuleRun, Tally
-from .limits import LimitSettings, NodeLimits
+from .limits import LimitSettings, NodeLimits, Pause
 from .metrics import ControllerMetrics
 from .policy.model import Policy, Rule, when_tree
 from .targets import RuleTargets
@@ -64,6 +64,7 @@ log = logging.getLogger("reflexarc.engine")
 
 HOUSEKEEPING_EVERY = 5.0     # seconds between passes for new, silent and dead targets
 STOP_CHUNK = 256             # rule runs stepped or started between two looks at the stop event
+DRIFT_EVERY = 60.0           # seconds between two read-backs of the journal's open changes
 
 
 def describe_policies(policies: list[Policy]) -> list[dict]:
@@ -155,6 +156,10 @@ class Controller:
         self.slots = [RuleSlot(bus, p, r, self._identity(p, r)) for p in policies for r in p.rules]
         self.runs: dict[tuple[str, str, str], RuleRun] = {}
         self._housekept = -math.inf
+        self._drift_checked = -math.inf
+        self.drifted: dict[str, str] = {}   # journal id -> what differs, as last read back
+        self._switch = False         # the kill switch as last seen
+        self.hold: str | None = None  # why enforcement is held ("kill_switch", "paused"), as of this tick
 
     # --- life ----------------------------------------------------------------
     def start(self, source: str = "live", scenario: dict | None = None,
@@ -198,12 +203,15 @@ class Controller:
         """One pass over every rule; with ``stop`` (a ``threading.Event``), it
         returns early once that is set, looking every ``STOP_CHUNK`` runs."""
         now = self.clock.now() if now is None else now
-        self.metrics.kill_switch.set(1 if self.limits.kill_switch_engaged() else 0)
+        self._watch_hold(now)
         housekeeping = now - self._housekept >= HOUSEKEEPING_EVERY
         if housekeeping:
             self._housekept = now
             self.bus.expire(now)
             self.metrics.bus_series.set(self.bus.series_count())
+        if self.journal is not None and now - self._drift_checked >= DRIFT_EVERY:
+            self._drift_checked = now
+            self.check_drift()
         for slot in self.slots:
             try:
                 if slot.targets.resolve_if_changed() or housekeeping:
@@ -327,11 +335,17 @@ class Controller:
         return outcomes
 
     def shutdown(self) -> None:
-        """Revert what rules roll back on shutdown; leave the rest to the journal."""
+        """Revert what rules roll back on shutdown (leave the rest to the journal)
+        and resolve the alerts still firing, but those of rules that keep them
+        (``rollback: {alerts: keep}``); then wait, at most the alert sender's
+        deadline, for what it queued to be delivered, before the sender closes."""
         for run in self.runs.values():
             run.now = self.clock.now()
             if "shutdown" in run.rule.rollback.on:
                 run.revert_all("shutdown")
+            if run.notices and run.rule.rollback.alerts != "keep":
+                self.resolve_notices(run)
+        self.executor.deliver_notices()
         self.audit.write("end", summary=self.summary())
         self.registry.close()
 
@@ -342,7 +356,11 @@ class Controller:
     def active_count(self) -> int:
         return self.held.count
 
-    def node_refusal(self, now: float) -> str | None:
+    def node_refusal(self, now: float, mode: str = "enforce") -> str | None:
+        """Why no change may be made now: enforcement held (for an enforcing rule,
+        which then waits in ``firing`` and acts once released), or a node limit."""
+        if mode == "enforce" and self.hold:
+            return self.hold
         return self.limits.refuse(now, self.active_count())
 
     def limited(self, run: RuleRun, reason: str) -> None:
@@ -355,7 +373,7 @@ class Controller:
         self.audit.write("transition", policy=run.policy.name, rule=run.rule.name, target=run.target_key,
                          target_labels=run.labels, mode=run.mode, **{"from": frm}, to=to, trigger=trigger,
                          evidence=evidence, note=note)
-        log.info("%s: %s -> %s (%s) %s", run.scope_key, frm, to, trigger, note)
+        log.debug("%s: %s -> %s (%s) %s", run.scope_key, frm, to, trigger, note)   # told by narrate.py
 
     def audit_eval(self, run: RuleRun, result: bool, verify: bool = False) -> None:
         if self.audit.eval_due(run.scope_key, run.state, result, run.now):
@@ -376,8 +394,8 @@ class Controller:
 
     def run_action(self, run: RuleRun, step: int, action) -> StepResult:
         mode = run.mode
-        if mode == "enforce" and self.limits.kill_switch_engaged():
-            self.limited(run, "kill_switch")
+        if mode == "enforce" and self.hold:
+            self.limited(run, self.hold)
             mode = "dry-run"
         params = dict(action.params)
         if self.registry.spec(action.actuator).accepts_evidence:
@@ -389,17 +407,19 @@ class Controller:
         self.audit_action(run, step, res.change, res.outcome, res.journal_id, res.error, mode)
         return res
 
-    def revert_change(self, run: RuleRun, ac: ActiveChange, why: str) -> bool:
+    def revert_change(self, run: RuleRun, ac: ActiveChange, why: str, note: str | None = None) -> bool:
         res = self.executor.revert(ac.change, ac.journal_id, ac.mode)
         self.audit_action(run, ac.step, ac.change, res.outcome, ac.journal_id,
-                          res.error or None, ac.mode)
+                          res.error or None, ac.mode, note=note)
         return res.outcome is not Outcome.FAILED
 
     def refresh_changes(self, run: RuleRun) -> None:
-        """Follow each active change to new targets; close those whose target is gone."""
+        """Follow each active change to new targets (not while enforcement is
+        held: the kill switch or a pause stops every change, refreshes included);
+        close those whose target is gone. A change that grew is audited."""
         gone = []
         for ac in run.changes:
-            res = self.executor.refresh(ac.change, ac.journal_id, ac.mode)
+            res = self.executor.refresh(ac.change, ac.journal_id, "dry-run" if self.hold else ac.mode)
             if res is None:
                 continue
             if res.outcome in (Outcome.TARGET_GONE, Outcome.REVERTED):   # reverted: it could not be journaled
@@ -407,6 +427,8 @@ class Controller:
                 self.audit_action(run, ac.step, ac.change, res.outcome, ac.journal_id, res.error, ac.mode)
             else:
                 ac.change = res.change
+                self.audit_action(run, ac.step, res.change, res.outcome, ac.journal_id, res.error, ac.mode,
+                                  note="refreshed: followed to new processes")
         for notice in run.notices:
             self.executor.refresh(notice, None, "enforce")
         if gone:
@@ -417,6 +439,76 @@ class Controller:
             res = self.executor.resolve(notice)
             self.audit_action(run, None, notice, res.outcome, None, res.error, "enforce")
         run.notices.clear()
+
+    def check_drift(self) -> dict[str, str]:
+        """Read back every open journal entry; audit each one found changed
+        behind the controller's back (once per difference), and return them all."""
+        found = {}
+        for entry in self.journal.open_entries():
+            try:
+                differs = self.executor.drifted(entry)
+            except Exception as exc:  # noqa: BLE001 - an entry this version cannot read is not drift
+                log.debug("drift check of %s: %s", entry.id, exc)
+                continue
+            if differs is None:
+                continue
+            found[entry.id] = differs
+            if self.drifted.get(entry.id) != differs:
+                self.audit.write("drift", journal_id=entry.id, actuator=entry.change.get("actuator"),
+                                 policy=entry.policy, rule=entry.rule, summary=entry.change.get("summary", ""),
+                                 differs=differs)
+        self.drifted = found
+        self.metrics.drifted.set(len(found))
+        return found
+
+    # --- enforcement held, and an operator's hand -------------------------------
+    def _watch_hold(self, now: float) -> None:
+        """Look at the kill switch and the pause once per tick; audit and log each
+        change of either, so a held controller is never silently held."""
+        switch = self.limits.kill_switch_engaged()
+        if switch != self._switch:
+            self._switch = switch
+            self.audit.write("kill_switch", engaged=switch, path=self.limits.settings.kill_switch)
+        pause = self.limits.pause
+        if pause is not None and pause.until is not None and now >= pause.until:
+            self.resume("the pause ran out", None)
+        self.hold = self.limits.hold(now, switch)
+        self.metrics.kill_switch.set(1 if switch else 0)
+        self.metrics.paused.set(0 if self.limits.pause is None else 1)
+
+    def pause(self, reason: str, by: dict | None, duration: float | None = None) -> Pause:
+        """Hold enforcement from now (for ``duration`` seconds, or until ``resume``)."""
+        now = self.clock.now()
+        self.limits.pause = Pause(reason, by or {}, now, None if duration is None else now + duration)
+        self.audit.write("pause", reason=reason, by=by, duration=duration,
+                         until=None if duration is None else self.clock.to_wall(now + duration))
+        self._watch_hold(now)
+        return self.limits.pause
+
+    def resume(self, reason: str, by: dict | None) -> Pause | None:
+        """End a pause; the one ended, or None when none was on."""
+        pause, self.limits.pause = self.limits.pause, None
+        if pause is not None:
+            self.audit.write("resume", reason=reason, by=by, paused_for=round(self.clock.now() - pause.since, 3))
+            self.hold = self.limits.hold(self.clock.now(), self._switch)
+            self.metrics.paused.set(0)
+        return pause
+
+    def holder(self, journal_id: str) -> tuple[RuleRun, ActiveChange] | None:
+        """The run holding the change journaled as ``journal_id``, and the change."""
+        for run in self.runs.values():
+            for ac in run.changes:
+                if ac.journal_id == journal_id:
+                    return run, ac
+        return None
+
+    def withdraw(self, run: RuleRun, ac: ActiveChange, note: str) -> bool:
+        """An operator's rollback of one change a run holds: reverted and audited
+        with ``note``; the run's lifecycle follows (see ``RuleRun.withdraw``)."""
+        run.now = self.clock.now()
+        done = run.withdraw(ac, note)
+        self.metrics.active.set(self.active_count())
+        return done
 
     # --- reporting --------------------------------------------------------------
     def summary(self) -> dict:

@@ -20,6 +20,7 @@ Example::
     step = ex.act("affinity", target, {"node": 0}, mode="enforce", policy="p", rule="r")
     step.outcome        # an Outcome: APPLIED, PLANNED, ALERTED, NOOP, NOTIFIED, FAILED
     ex.revert(step.change, step.journal_id, mode="enforce")
+    ex.deliver_notices()     # at stop: the alerts queued (resolutions too) go out, within the deadline
 
 Overhead: the actuator's own cost, one fsync per journal step.
 """
@@ -138,12 +139,43 @@ class Executor:
             unrecorded = self._record(jid, Outcome.FAILED if undone else "intent",
                                       note=f"apply failed: {exc}" + ("" if undone else "; revert failed"))
             return StepResult(Outcome.FAILED, change, jid, str(exc), unrecorded=unrecorded)
+        differs = self._drift(act, change)
+        if differs is not None:              # read back: the system did not take it as planned
+            undone = self._undo_partial(act, change)
+            unrecorded = self._record(jid, Outcome.FAILED if undone else "intent",
+                                      note=f"applied but read back otherwise: {differs}"
+                                      + ("" if undone else "; revert failed"))
+            return StepResult(Outcome.FAILED, change, jid, f"applied but read back otherwise ({differs}); "
+                                                           + ("undone" if undone else "the undo failed too"),
+                              unrecorded=unrecorded)
         unrecorded = self._record(jid, Outcome.APPLIED)
         if unrecorded and self._undo_partial(act, change):   # no change stays applied that the journal lacks
             return StepResult(Outcome.FAILED, change, jid, f"applied, then undone: the journal could not record "
                                                            f"it ({unrecorded})", unrecorded=unrecorded)
         self._fault("after-apply")
         return StepResult(Outcome.APPLIED, change, jid, unrecorded=unrecorded)
+
+    @staticmethod
+    def _drift(act, change: Change) -> str | None:
+        """What reads back otherwise than ``change.after``; None when it matches or
+        cannot be told (an error reading back is logged, never taken for drift)."""
+        try:
+            return act.drift(change)
+        except (ActuatorError, OSError) as exc:
+            log.warning("%s: cannot read back: %s", change.actuator, exc)
+            return None
+
+    def drifted(self, entry: Entry) -> str | None:
+        """What of an open journal entry the system no longer shows (someone
+        changed it behind the controller's back), or None."""
+        change = Change.from_dict(entry.change)
+        act = self.registry.get(change.actuator)
+        try:
+            if not act.exists(change):
+                return None                  # gone: the next refresh or reconcile closes it
+        except ActuatorError:
+            return None
+        return self._drift(act, change)
 
     def _record(self, journal_id: str | None, state: str, note: str = "", change: dict | None = None) -> str | None:
         """Journal a step of what was already done; what could not be recorded, or None."""
@@ -232,6 +264,15 @@ class Executor:
         except ActuatorError as exc:
             return StepResult(Outcome.FAILED, notice, error=f"resolve: {exc}")
         return StepResult(Outcome.RESOLVED, notice)
+
+    def deliver_notices(self) -> bool:
+        """Wait until the alerts sent so far (resolutions too) were delivered or
+        given up, at most the sender's ``deadline`` (``actuators/alert.py`` sends
+        from a queue; a sender without one has nothing to wait for); whether
+        they all were."""
+        sender = self.registry.built("alert")
+        flush = getattr(sender, "flush", None)
+        return flush is None or flush(sender.deadline)
 
     def release(self, journal_id: str | None, state: str) -> None:
         """Close a journal entry without reverting (``kept`` for rollback: never)."""

@@ -38,7 +38,7 @@ from reflexarc.core.rates import format_rate
 from .evaluate import conditions_of
 from .policy.model import Action, Combo, Condition, Policy, Rule, Selector
 from .producers import HOOKS, NVML, PROMQL, NodeFacts, producers_of
-from .readiness import findings
+from .readiness import CatalogueFacts, findings
 from .signals import CATALOGUE
 
 WIDTH = 100
@@ -50,8 +50,9 @@ OP_WORDS = {">": "above", ">=": "at or above", "<": "below", "<=": "at or below"
 UNITLESS = ("1", "ratio")
 # What one value of a ``by`` label names; a label not listed names itself.
 LABEL_NOUNS = {"trainer": "training process", "pid": "process", "dev": "device", "qp": "queue pair",
-               "iface": "interface", "netns": "network namespace", "gpu": "GPU"}
-REQUIREMENT_NOUNS = {"gpu": "a GPU", "rdma": "an RDMA device", PROMQL: "a PromQL source"}
+               "iface": "interface", "netns": "network namespace", "gpu": "GPU", "numa_node": "NUMA node"}
+REQUIREMENT_NOUNS = {"gpu": "a GPU", "rdma": "an RDMA device", "pcie_aer": "a PCIe device reporting AER counters",
+                     PROMQL: "a PromQL source"}
 TRIGGER_WORDS = {"verify-failed": "when the check fails", "clear": "when the rule clears",
                  "shutdown": "when the controller shuts down"}
 PRODUCER_NOTES = {HOOKS: " (the training script reports it through reflexarc.actuators.hooks, docs/hooks.md)",
@@ -311,7 +312,9 @@ def _scope(policy: Policy) -> list[str]:
 
 
 def node_lines(policy: Policy, facts: NodeFacts, receiver: bool) -> list[str]:
-    """What the policy needs on this node, and what keeps it from working here."""
+    """What the policy needs on this node, and what keeps it from working here
+    (from the catalogue alone when ``facts`` are ``CatalogueFacts``)."""
+    unseen = facts.reason if isinstance(facts, CatalogueFacts) else ""
     out = ["  on this node it needs:"]
     signals = dict.fromkeys(c.signal for r in policy.rules
                             for c in conditions_of(r.when) + conditions_of(r.verify.when if r.verify else None))
@@ -322,6 +325,8 @@ def node_lines(policy: Policy, facts: NodeFacts, receiver: bool) -> list[str]:
         for producer in producers_of(name):
             why = facts.why_not(producer, name)
             status = "can run here" if why is None else f"not here: {why}"
+            if unseen and producer.kind != PROMQL:
+                status = f"not checked ({unseen})"
             out += _wrap(f"from {producer}{PRODUCER_NOTES.get(producer.kind, '')}: {status}", 6, 8)
     actions = [a for r in policy.rules for a in r.actions]
     for handler in dict.fromkeys(a.params["handler"] for a in actions if a.actuator == "framework_hook"):
@@ -331,7 +336,9 @@ def node_lines(policy: Policy, facts: NodeFacts, receiver: bool) -> list[str]:
         out += _wrap("an alert receiver (--alertmanager-url or --webhook-url) to send its alerts outside dry-run",
                      4, 6)
     found = findings([policy], facts, receiver)
-    out.append("  readiness here:" + ("" if found else " nothing keeps it from working on this node."))
+    clear = (f" nothing in the signal catalogue keeps it from working (this node not checked: {unseen})." if unseen
+             else " nothing keeps it from working on this node.")
+    out.append("  readiness here:" + ("" if found else clear))
     out += [f"    {finding}" for finding in found]
     return out
 

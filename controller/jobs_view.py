@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from reflexarc.core.jobs import Job
+from reflexarc.core.jobs import OWN_EVIDENCE, Job
 
 NOT_FOUND = "(no job found)"
 
@@ -34,11 +34,12 @@ def format_jobs(jobs: list[Job], skipped: Mapping[str, int]) -> str:
     if len(rows) == 1:
         lines.append("no training job on this node")
     for job in jobs:
-        if job.name:
+        if job.evidence == [OWN_EVIDENCE]:
+            lines.append(f"{job.name}: found by process (owner of DataLoader workers; no launcher, pod or Slurm job)")
+        elif job.name:
             lines.append(f"{job.name}: found by {', '.join(job.evidence)}")
         else:
-            lines.append(f"{NOT_FOUND}: training processes with no launcher environment, pod or Slurm cgroup "
-                         "(name them with --job)")
+            lines.append(f"{NOT_FOUND}: training processes whose environment could not be read (see skipped)")
     if any(skipped.values()):
         lines.append("skipped: " + ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()) if n))
     return "\n".join(lines)

@@ -158,8 +158,15 @@ class Journal:
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = self._lock.read(32).strip()
             self._lock.close()
-            raise JournalLocked(f"{self.path} is in use by another reflexarc process") from None
+            raise JournalLocked(f"{self.path} is in use by another reflexarc process"
+                                + (f" (pid {holder})" if holder.isdigit() else "")) from None
+        with contextlib.suppress(OSError, ValueError):    # who holds it, for the next one to name
+            self._lock.seek(0)
+            self._lock.truncate()
+            self._lock.write(str(os.getpid()))
+            self._lock.flush()
         self._fd: int | None = None
         self.unwritable: str | None = None    # why the last attempt to write failed; None once one works
         if os.path.lexists(self.path):
@@ -297,6 +304,16 @@ class Journal:
         if change is not None:
             rec["change"] = change
         self._write(rec)
+
+    def forget(self, jid: str, reason: str) -> Entry:
+        """Close the open entry ``jid`` without reverting it, journaled as
+        ``forgotten`` with ``reason``; the entry. LookupError when no open entry
+        has that id, JournalWriteError when the step cannot be written."""
+        entry = next((e for e in self.open_entries() if e.id == jid), None)
+        if entry is None:
+            raise LookupError(f"no open journal entry '{jid}' (see 'reflexarc journal')")
+        self.mark(entry.id, Outcome.FORGOTTEN, note=f"forgotten by an operator: {reason}")
+        return entry
 
     def compact(self) -> str | None:
         """Rewrite the file with the open entries and the lines it could not read,

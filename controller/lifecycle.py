@@ -7,6 +7,7 @@
     failure: acting/recovering -> failed -> cooldown
     any state -> failed (the run raised; see ``Controller.tick``)
     verifying/remediated/escalated/recovering -> cooldown (its target is gone)
+    verifying/remediated/escalated -> recovering -> rolled_back -> cooldown (an operator rolled it back)
 
 The machine holds state; the code around it stays flat: time and data checks
 are plain Python, and a trigger is fired only when a state change is due, so a
@@ -70,6 +71,7 @@ TRANSITIONS = [
     {"trigger": "clear", "source": ["remediated", "escalated"], "dest": "cooldown"},
     {"trigger": "expire", "source": "remediated", "dest": "recovering"},
     {"trigger": "vanished", "source": list(HOLDING), "dest": "cooldown"},
+    {"trigger": "withdrawn", "source": ["verifying", "remediated", "escalated"], "dest": "recovering"},
     {"trigger": "settle", "source": ["rolled_back", "failed"], "dest": "cooldown"},
     {"trigger": "cooled", "source": "cooldown", "dest": "ok"},
     {"trigger": "crash", "source": "*", "dest": "failed"},
@@ -122,13 +124,13 @@ class Services(Protocol):
     held: Tally                 # changes held by all runs
 
     def mode_for(self, policy) -> str: ...
-    def node_refusal(self, now: float) -> str | None: ...
+    def node_refusal(self, now: float, mode: str = "enforce") -> str | None: ...
     def limited(self, run: "RuleRun", reason: str) -> None: ...
     def transitioned(self, run: "RuleRun", frm: str, to: str, trigger: str, evidence, note: str) -> None: ...
     def audit_eval(self, run: "RuleRun", result: bool, verify: bool = False) -> None: ...
     def audit_action(self, run: "RuleRun", step, change, outcome: str, jid, error, mode: str | None = None) -> None: ...
     def run_action(self, run: "RuleRun", step: int, action): ...
-    def revert_change(self, run: "RuleRun", ac: ActiveChange, why: str) -> bool: ...
+    def revert_change(self, run: "RuleRun", ac: ActiveChange, why: str, note: str | None = None) -> bool: ...
     def refresh_changes(self, run: "RuleRun") -> None: ...
     def resolve_notices(self, run: "RuleRun") -> None: ...
 
@@ -263,7 +265,7 @@ class RuleRun:
                 self.action_times.popleft()
             if len(self.action_times) >= ml.count:
                 return "max_actions"
-        return self.ctx.node_refusal(self.now)
+        return self.ctx.node_refusal(self.now, self.mode)
 
     # --- the loop ----------------------------------------------------------------
     def retirable(self) -> bool:
@@ -401,6 +403,21 @@ class RuleRun:
         for ac in reversed(list(self.changes)):
             if self.ctx.revert_change(self, ac, why):
                 self.changes.remove(ac)
+
+    def withdraw(self, ac: ActiveChange, note: str) -> bool:
+        """An operator rolled ``ac`` back: revert it; once the run holds nothing,
+        it goes the way of a rollback (recovering, rolled_back, then its cooldown)
+        and its alerts are resolved. False when the revert failed (it stays held)."""
+        if not self.ctx.revert_change(self, ac, "operator", note=note):
+            return False
+        self.changes.remove(ac)
+        if not self.changes and self.may_withdrawn():
+            self.withdrawn(note=note)
+            self.ctx.resolve_notices(self)
+            self.step_index = 0
+            self.reverted(note=note)
+            self.settle()
+        return True
 
     def target_gone(self, gone: list[ActiveChange]) -> None:
         """Its target no longer exists: drop those changes; with nothing left, cool down."""

@@ -2,11 +2,21 @@
 remediations, and a cap on actions per hour. Per-rule cooldown and max_actions
 live in the rule lifecycle; these guard the node as a whole.
 
+Enforcement is *held* while the kill-switch file exists or an operator
+paused it (``reflexarc pause``): the controller then makes no change to the
+system. An enforcing rule that would act waits in ``firing`` (a ``limit``
+record says why, once) and acts when enforcement is released; applied
+changes are not followed to new processes (an affinity pin does not reach a
+new epoch's workers). Alerts still go out. Undoing is never held: a change still reverts when its rule clears,
+its ttl ends, the controller stops or an operator rolls it back.
+
 Example::
 
-    limits = NodeLimits(kill_switch="/run/reflexarc/disable", max_active=4, actions_per_hour=20)
+    limits = NodeLimits(LimitSettings(kill_switch="/run/reflexarc/disable", max_active=4, actions_per_hour=20))
     reason = limits.refuse(now, active=2)     # None, "max_active" or "actions_per_hour"
     limits.kill_switch_engaged()              # True while the file exists
+    limits.pause = Pause("maintenance", {"uid": 0}, since=now, until=now + 600)
+    limits.hold(now)                          # "kill_switch", "paused" or None
     limits.record(now)
 
 Overhead: one ``stat`` of the kill-switch file per tick; a deque of action times.
@@ -16,6 +26,17 @@ from __future__ import annotations
 import os
 from collections import deque
 from dataclasses import dataclass
+
+
+@dataclass
+class Pause:
+    """An operator's pause: why, who asked (``SO_PEERCRED``), and until when
+    (the controller's monotonic clock; None: until ``resume``)."""
+
+    reason: str
+    by: dict
+    since: float
+    until: float | None = None
 
 
 @dataclass
@@ -29,18 +50,31 @@ class NodeLimits:
     def __init__(self, settings: LimitSettings | None = None) -> None:
         self.settings = settings or LimitSettings()
         self._actions: deque[float] = deque()
+        self.pause: Pause | None = None
 
     def kill_switch_engaged(self) -> bool:
         return bool(self.settings.kill_switch) and os.path.exists(self.settings.kill_switch)
 
-    def refuse(self, now: float, active: int) -> str | None:
-        """Why a new change may not be made now, or None. The kill switch is not a
-        refusal: it turns enforcement into dry-run (see ``Controller.run_action``)."""
-        if active >= self.settings.max_active:
-            return "max_active"
+    def hold(self, now: float, switch: bool | None = None) -> str | None:
+        """Why enforcement is held now (``kill_switch`` or ``paused``), or None;
+        ``switch`` is the kill switch's state when the caller just looked."""
+        if self.kill_switch_engaged() if switch is None else switch:
+            return "kill_switch"
+        if self.pause is not None and (self.pause.until is None or now < self.pause.until):
+            return "paused"
+        return None
+
+    def actions_last_hour(self, now: float) -> int:
         while self._actions and self._actions[0] <= now - 3600:
             self._actions.popleft()
-        if len(self._actions) >= self.settings.actions_per_hour:
+        return len(self._actions)
+
+    def refuse(self, now: float, active: int) -> str | None:
+        """Why a new change may not be made now under the node's caps, or None
+        (a hold is asked separately: ``hold``)."""
+        if active >= self.settings.max_active:
+            return "max_active"
+        if self.actions_last_hour(now) >= self.settings.actions_per_hour:
             return "actions_per_hour"
         return None
 

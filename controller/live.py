@@ -13,7 +13,9 @@ metrics are served while the loop runs; the service manager hears
 ``READY=1`` as the loop begins (the probes armed, every source open) and
 ``STOPPING=1`` as it ends (``sd_notify.py``). With a ``reloader``
 (``reload.py``) the policies are reloaded between two ticks, on SIGHUP or when
-their files changed.
+their files changed. With a ``control`` server (``control.py``) an operator's
+requests are carried out between two ticks too: the loop wakes for one as it
+arrives, so a ``pause`` or ``rollback`` waits for no tick.
 
 Example::
 
@@ -38,17 +40,24 @@ log = logging.getLogger("reflexarc.live")
 
 
 def run_live(controller, sources, clock, interval: float = 1.0, duration: float | None = None,
-             exporter=None, stop: threading.Event | None = None, reloader=None) -> dict:
+             exporter=None, stop: threading.Event | None = None, reloader=None, control=None) -> dict:
     stop = stop or threading.Event()
     previous = {}
+
+    def stopping(*_):
+        stop.set()
+        if control is not None:
+            control.wake.set()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+            previous[sig] = signal.signal(sig, stopping)
     intake = Intake(controller.bus, controller.metrics)
     start = due = clock.now()
     try:
         if exporter is not None:
             exporter.start()
+        if control is not None:
+            control.start()
         notify("READY=1")
         while not stop.is_set():
             now = clock.now()
@@ -62,9 +71,11 @@ def run_live(controller, sources, clock, interval: float = 1.0, duration: float 
                 reloader.poll(now)
             if duration is not None and now - start >= duration:
                 break
-            stop.wait(max(0.0, interval - (clock.now() - now)))
+            _wait(stop, control, due, clock)
     finally:
         notify("STOPPING=1")
+        if control is not None:
+            control.close()
         for src in sources:
             src.close()
         controller.shutdown()
@@ -76,3 +87,17 @@ def run_live(controller, sources, clock, interval: float = 1.0, duration: float 
         # does not collect them one by one (seconds for thousands of rule-targets).
         gc.freeze()
     return controller.summary()
+
+
+def _wait(stop: threading.Event, control, due: float, clock) -> None:
+    """Until the next tick is ``due``: with a control server, serve requests as
+    they come; stop early when asked to."""
+    if control is None:
+        stop.wait(max(0.0, due - clock.now()))
+        return
+    while not stop.is_set():
+        control.serve()
+        left = due - clock.now()
+        if left <= 0:
+            return
+        control.wait(left)

@@ -46,6 +46,11 @@ class ControllerMetrics:
                             registry=r)
         self.kill_switch = Gauge("reflexarc_kill_switch_engaged", "1 while the kill-switch file exists",
                                  registry=r)
+        self.drifted = Gauge("reflexarc_journal_drifted", "Open journal entries whose change the system no "
+                                                          "longer shows (changed behind the controller's back)",
+                             registry=r)
+        self.paused = Gauge("reflexarc_enforcement_paused", "1 while an operator's pause holds enforcement "
+                                                            "(reflexarc pause)", registry=r)
         self.signals = Counter("reflexarc_signal_samples_total", "Samples published on the bus",
                                ["source"], registry=r)
         self.rejected = Counter("reflexarc_samples_rejected_total",

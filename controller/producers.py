@@ -99,8 +99,12 @@ class NodeFacts:
             cls = catalog.probe_class(producer.name)
         except catalog.ProbeNotAvailable as exc:
             return str(exc)
-        if getattr(cls, "uses_bpf", True) and importlib.util.find_spec("bcc") is None:
-            return "bcc is not installed"
+        if getattr(cls, "uses_bpf", True):
+            if importlib.util.find_spec("bcc") is None:
+                return "bcc is not installed"
+            unprivileged = self.features.missing_privilege()
+            if unprivileged:
+                return unprivileged
         probe = cls(features=self.features, **self._roots(cls))
         status = probe.choose_attach_points()
         return (status.reason or "unsupported") if status.state == UNSUPPORTED else None

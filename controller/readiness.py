@@ -9,6 +9,11 @@ declares ``requires: [gpu]`` (or ``rdma``) on a node without one, or
 ``requires: [promql]`` where no PromQL source is configured, is idle here: a
 note, not a warning, and ``run`` leaves it out.
 
+``validate`` and ``explain`` run by a user who is not root (linting policies
+anywhere) do not look at the node, whose probes' attach points only root may
+read: ``CatalogueFacts`` judges from the signal catalogue alone, and
+``note()`` is the one line saying which checks were skipped and why.
+
 Example::
 
     for finding in findings(policies, NodeFacts(), receiver=False):
@@ -26,11 +31,33 @@ import os
 from .evaluate import conditions_of
 from .policy.diagnostics import Diagnostic
 from .policy.model import Loc, Policy
-from .producers import NodeFacts, why_unproduced
+from .producers import PROMQL, NodeFacts, Producer, why_unproduced
 
 NETNS_DIR = "/run/netns"            # where ip netns keeps the named namespaces
 
 NOTE, WARNING, ERROR = "note", "warning", "error"
+NODE_CHECKS = ("whether each signal's producers can run here, required devices, interfaces and network "
+               "namespaces, running jobs")
+
+
+class CatalogueFacts(NodeFacts):
+    """The node unseen: every catalogued producer counts as able to run and every
+    required device as present; only the PromQL configuration, which is given,
+    is checked. ``reason``: why the node is not looked at, e.g. "not root"."""
+
+    def __init__(self, reason: str, promql: bool | frozenset[str] = False) -> None:
+        super().__init__(promql=promql)
+        self.reason = reason
+
+    def why_not(self, producer: Producer, signal: str = "") -> str | None:
+        return super().why_not(producer, signal) if producer.kind == PROMQL else None
+
+    def missing(self, requirement: str) -> str | None:
+        return super().missing(requirement) if requirement == PROMQL else None
+
+    def note(self) -> str:
+        return (f"note: {self.reason}: this node's checks skipped ({NODE_CHECKS}): judged from the signal "
+                f"catalogue; --node checks this node")
 
 
 def idle_reason(policy: Policy, facts: NodeFacts) -> str | None:
@@ -81,6 +108,8 @@ def _places_missing(policy: Policy, facts: NodeFacts) -> list[str]:
     """The selector's network namespace, or its interfaces in the controller's
     own namespace, that do not exist here (interfaces inside another namespace
     are checked when the probe attaches there)."""
+    if isinstance(facts, CatalogueFacts):
+        return []
     s = policy.selector
     if s.netns:
         path = s.netns if s.netns.startswith("/") else os.path.join(NETNS_DIR, s.netns)

@@ -6,13 +6,24 @@ are exactly the ones a node runs. A 10-minute scenario runs in well under a
 second of plant time. A scenario named by path is read only when it is a
 regular UTF-8 file (``load_scenario_checked``): a FIFO or a device is refused.
 
+The audit samples evaluations as a live run's does (``evals="sampled"``,
+``controller/audit.py``): a change of result or state, and every tick on the
+way to acting, is written; a quiet rule-target once per ``sample_every``
+simulated seconds (``run``'s default ``--audit-sample``). ``evals="all"``
+(``simulate --all-evals``) writes every evaluation, for charts that show each
+tick. The audit of an earlier run in ``out_dir`` (with its rotated files) is
+removed first, so the report covers this run alone.
+
 Example::
 
     result = run_scenario("numa-remote-worker", mode="dry-run", out_dir="out/")
     result.summary["would_have_acted"], result.audit_path, result.reports["html"]
-    run_scenario("numa-remote-worker", load_policies(["my-policy.yaml"]), "enforce")
+    run_scenario("numa-remote-worker", load_policies(["my-policy.yaml"]), "enforce", evals="all")
 
-Overhead: one controller tick and one plant step per simulated tick.
+Overhead: one controller tick and one plant step per simulated tick. 100
+rules x 10 quiet targets at a 1 s tick: about 55,000 rule-target evaluations
+per CPU second and 1.6 MB of audit per simulated hour sampled; about 23,000
+and 1.9 GB an hour with every evaluation.
 """
 from __future__ import annotations
 
@@ -23,7 +34,7 @@ from pathlib import Path
 import reflexarc.policies
 from reflexarc.simulations import Plant, ScenarioError, load_scenario
 
-from .audit import AuditLog
+from .audit import AuditLog, rotated_paths
 from .bus import SignalBus
 from .clock import SimClock
 from .engine import Controller
@@ -34,6 +45,7 @@ from .policy.loader import load_policies
 BUILTIN_POLICIES = Path(reflexarc.policies.__file__).resolve().parent
 SCENARIO_SUFFIXES = (".yaml", ".yml")
 MAX_SCENARIO_BYTES = 1 << 20
+AUDIT_SAMPLE = 1200.0     # seconds between a quiet rule-target's written evaluations: run's --audit-sample
 
 
 def load_scenario_checked(name_or_path: str):
@@ -63,9 +75,11 @@ class SimResult:
 
 
 def run_scenario(scenario, policies: list | None = None, mode: str | None = None,
-                 out_dir: str | Path | None = None, report: bool = False) -> SimResult:
+                 out_dir: str | Path | None = None, report: bool = False, evals: str = "sampled",
+                 sample_every: float = AUDIT_SAMPLE) -> SimResult:
     """Run ``scenario`` (a name, a path or a loaded scenario) with ``policies``
-    (loaded, ``load_policies``) or, by default, the policy files the scenario names."""
+    (loaded, ``load_policies``) or, by default, the policy files the scenario names.
+    ``evals``: ``sampled`` or ``all`` evaluations in the audit (``AuditLog``)."""
     sc = load_scenario_checked(scenario) if isinstance(scenario, str) else scenario
     if policies is None:
         policies = load_policies(list(sc.policies))
@@ -74,9 +88,10 @@ def run_scenario(scenario, policies: list | None = None, mode: str | None = None
     plant = Plant(sc, seed=sc.seed)
     out = Path(out_dir) if out_dir else None
     audit_path = out / "audit.jsonl" if out else None
-    if audit_path and audit_path.exists():
-        audit_path.unlink()
-    audit = AuditLog(audit_path, clock)
+    if audit_path:
+        for stale in rotated_paths(audit_path):
+            stale.unlink()
+    audit = AuditLog(audit_path, clock, evals=evals, sample_every=sample_every)
     audit.keep_in_memory = True
     with tempfile.TemporaryDirectory(prefix="reflexarc-sim-") as tmp:
         journal = Journal(Path(tmp) / "journal.jsonl", clock)

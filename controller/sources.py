@@ -1,7 +1,9 @@
 """Signal sources for live runs: each ``poll(now)`` returns new samples.
 
 - ``ProbeSource``: the bcc probes (``reflexarc.bpf.manager.ProbeManager``); also
-  refreshes the probes' target selection and expires deep probes at their TTL.
+  refreshes the probes' target selection, expires deep probes at their TTL
+  and, given the ``bus``, drops the series of the processes the probes saw
+  exit (``SignalBus.drop_exited``).
 - ``HookSource``: step signals (``step_time_ms``, ``dataloader_batch_wait_ms``)
   that training scripts report through ``reflexarc.actuators.hooks``.
 - ``NvmlSource``: ``gpu_utilization_pct{gpu}`` of every NVIDIA GPU through NVML
@@ -18,7 +20,8 @@ Example::
         bus.publish(name, labels, value, now)
 
 Overhead: ProbeSource reads the probes' maps once per interval and lists the
-hook directory every 5 s; HookSource makes
+hook directory every 5 s, and hands the bus the exits of each interval (a
+look-up per exited process on the node); HookSource makes
 one Unix-socket request per training process per interval; NvmlSource one
 utilisation query per GPU per interval (~50 us each); ReplaySource checks
 every record of its file at start (~3 us each), then reads each again as it
@@ -29,6 +32,8 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+
+from reflexarc.core.jobs import OWN_EVIDENCE
 
 from .intake import BATCH_LIMIT
 from .signals import CATALOGUE, UnknownSignal
@@ -153,39 +158,66 @@ class ProbeSource:
     """The probes' samples; those of a training process that serves framework
     hooks also carry its ``rank`` (from the hook socket's name), and the
     step signals the probes measure for it (``HOOK_STEP_SIGNALS``) are dropped:
-    where the script reports them itself, its own value wins."""
+    where the script reports them itself, its own value wins. A training
+    process started by no launcher (discovery names its job after it:
+    ``train.py-4242``) that serves hooks takes the job its script names, so
+    the probes' signals and the hooks' meet in one target.
+
+    With the ``bus`` the samples go to, each poll first drops from it the
+    series of the processes whose exit the previous poll's collect saw
+    (``ProbeManager.exited``): that collect carried their last samples, stamped
+    with its time, and the probes report nothing of them afterwards; a process
+    that reused a pid since is fed later and keeps its series. So a worker's
+    series leave the bus one interval after it exits, not after the
+    retention."""
 
     name = "probes"
 
-    def __init__(self, manager, refresh_every: float = 5.0, hook_dir: str | None = None) -> None:
+    def __init__(self, manager, refresh_every: float = 5.0, hook_dir: str | None = None, bus=None) -> None:
         self.manager = manager
         self.refresh_every = refresh_every   # /proc rescans; renames are caught in the kernel meanwhile
         self.hook_dir = hook_dir
-        self._ranks: dict[int, str] = {}     # training process pid -> rank
+        self.bus = bus
+        self._served: dict[int, tuple[str, str]] = {}   # training process pid -> (rank, job), from its hooks
         self._refreshed = float("-inf")
+        self._exited: tuple[frozenset[int], float] = (frozenset(), 0.0)   # pids, time of the poll that saw them
 
     def poll(self, now: float) -> list[tuple[str, dict, float]]:
+        if self.bus is not None and self._exited[0]:
+            self.bus.drop_exited(*self._exited)
         if now - self._refreshed >= self.refresh_every:
             self.manager.refresh_selection()
             if self.hook_dir:
-                from reflexarc.actuators.framework_hook import ranks_by_pid
-                self._ranks = ranks_by_pid(self.hook_dir)
+                from reflexarc.actuators.framework_hook import served_by_pid
+                self._served = served_by_pid(self.hook_dir)
             self._refreshed = now
         self.manager.expire_deep(now)
         samples = self.manager.collect(now)
-        if self._ranks:
+        if self.bus is not None:
+            self._exited = (self.manager.exited, now)
+        if self._served:
             kept = []
             for sample in samples:               # each sample has its own labels dict
                 name, labels, _ = sample
                 trainer = labels.get("trainer")
-                rank = self._ranks.get(int(trainer)) if trainer else None
-                if rank is not None and name in HOOK_STEP_SIGNALS:
+                served = self._served.get(int(trainer)) if trainer else None
+                if served is not None and name in HOOK_STEP_SIGNALS:
                     continue                     # the script reports it itself: its value wins
-                if rank is not None and "rank" not in labels:   # a rank discovery found wins
-                    labels["rank"] = rank
+                if served is not None:
+                    if "rank" not in labels:     # a rank discovery found wins
+                        labels["rank"] = served[0]
+                    if self._own_job(int(trainer)):
+                        labels["job"] = served[1]
                 kept.append(sample)
             samples = kept
         return samples
+
+    def _own_job(self, pid: int) -> bool:
+        """Discovery named this training process's job after it (no launcher, pod
+        or Slurm job said which)."""
+        discovery = getattr(self.manager, "discovery", None)
+        identity = discovery.identity(pid) if discovery is not None else None
+        return identity is None or identity.evidence == (OWN_EVIDENCE,)
 
     def close(self) -> None:
         self.manager.stop()

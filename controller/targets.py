@@ -26,7 +26,9 @@ Example::
     rt.fresh(("4242",), now)
 
 Overhead: a generation look-up per signal of the rule per tick; a resolution
-matches the labels of every series of the rule's signals once.
+matches the labels of every series of the rule's signals once (a dict look-up
+per series; only a series short of the ``by`` labels, such as a job-wide one
+in a rule by training process, is compared with every target).
 """
 from __future__ import annotations
 
@@ -91,6 +93,10 @@ class RuleTargets:
             if not named and not keys:
                 keys = {(None,)}
         groups = {key: self._inputs() for key in keys}
+        jobs_at: dict[tuple, list[tuple]] = {}               # the keys of each named part, one per job
+        if self._implicit_job:
+            for key in groups:
+                jobs_at.setdefault(key[:-1], []).append(key)
         for i, series in enumerate(matching):
             for s in series:
                 labels = s.labels
@@ -99,7 +105,13 @@ class RuleTargets:
                     if inputs is not None:
                         inputs[i].series.append(s)
                         continue
-                for key, inputs in groups.items():
+                if self._implicit_job and all(k in labels for k in named):
+                    job = labels.get("job")             # no job: every job's target of these labels
+                    for key in jobs_at.get(tuple(labels[k] for k in named), ()):
+                        if job is None or key[-1] is None or key[-1] == job:
+                            groups[key][i].series.append(s)
+                    continue
+                for key, inputs in groups.items():      # a series short of named labels: a scan
                     if all(labels.get(k, v) == v for k, v in zip(by, key) if v is not None):
                         inputs[i].series.append(s)
         self.groups = groups

@@ -31,6 +31,12 @@ pid now reused by a process that started later) is dropped at once, as is a
 series with no new sample for ``stale_after`` seconds. The process table is
 read under ``proc_root`` (``--proc-root``), so tests can give their own.
 
+When a controller runs on the state directory, ``top`` shows *its* view
+instead, over its control socket (``run_top_remote``): the signals on its bus
+(a counter as a rate per second: ``dataloader_reads_total/s``), the rules
+that are not ``ok`` with their state and evidence, the changes it holds and
+whether enforcement is held. No probe is loaded then.
+
 Example::
 
     reflexarc top --interval 1 --count 5
@@ -60,6 +66,8 @@ HIDDEN_LABELS = ("node",)                         # the same on every row: in th
 HOOK_SIGNALS = ("step_time_ms", "dataloader_batch_wait_ms", "step_pre_collective_ms")
 RECENT_EVENTS = 5
 STALE_AFTER = 30.0
+RATE = "/s"
+LIVE_FOR_REMOTE = 60.0      # the controller sends series fed within this long                 # a counter shown as its rate: the name ends so
 HOOK_TIMEOUT = 1.0
 
 
@@ -92,6 +100,9 @@ def format_event(event: dict) -> str:
 
 
 def _unit(name: str) -> str:
+    if name.endswith(RATE):
+        base = _unit(name[:-len(RATE)])
+        return f"{base}/s" if base else "/s"
     spec = CATALOGUE.get(name)
     return "" if spec is None or spec.unit == "1" else spec.unit
 
@@ -214,7 +225,7 @@ class TopView:
             processes = groups[job]
             pods = sorted({r[1]["pod"] for rows in processes.values() for r in rows if r[1].get("pod")})
             lines.append(f"job {job}" + (f" (pod {', '.join(pods)})" if pods else "") if job else
-                         ("(no job found: no launcher environment, pod or Slurm cgroup; --job names it)"
+                         ("(no job found: a training process whose environment could not be read; --job names it)"
                           if set(processes) - {""} else "node"))
             for process in sorted(processes, key=lambda p: (p == "", _pid(p) or 0, p)):
                 rows = processes[process]
@@ -322,4 +333,59 @@ def run_top(selection=None, interval: float = 1.0, count: int | None = None, hoo
     finally:
         if manager is not None:
             manager.stop()
+    return 0
+
+
+def remote_samples(reply: dict) -> list[tuple[str, dict, float, float]]:
+    """A controller's ``top`` reply as samples: a counter as its rate (``NAME/s``)."""
+    out = []
+    for row in reply.get("signals", []):
+        if "rate" in row:
+            if row["rate"] is not None:
+                out.append((row["name"] + RATE, row["labels"], row["rate"], row["ts"]))
+        else:
+            out.append((row["name"], row["labels"], row["value"], row["ts"]))
+    return out
+
+
+def remote_rules(reply: dict) -> list[str]:
+    """The lines below the signals: enforcement, changes held, rules not ok."""
+    lines = []
+    held = reply["enforcement"]["held"]
+    if held:
+        lines.append(f"enforcement held: {held.replace('_', ' ')}")
+    lines += [f"change {c['journal_id'] or '-'}: {c['policy']}/{c['rule']} {c['target']} {c['actuator']} "
+              f"({c['mode']}): {c['summary']}" for c in reply["changes"]]
+    rules = reply["rules"]
+    lines.append(f"rules not ok: {len(rules)} of {reply['targets']} targets" if rules
+                 else f"rules: all {reply['targets']} targets ok")
+    lines += [f"  {r['state']:10s} {r['policy']}/{r['rule']} {r['target']}  {r['for_s']:g} s"
+              + (f"  [{r['evidence']}]" if r["evidence"] else "") for r in rules]
+    return lines
+
+
+def run_top_remote(ask, interval: float = 1.0, count: int | None = None, proc_root: str = "/proc",
+                   out=None) -> int:
+    """The running controller's view, asked with ``ask()`` (its ``top`` reply)
+    every ``interval`` seconds, ``count`` times (None: until interrupted)."""
+    out = out or sys.stdout
+    tty = out.isatty() if hasattr(out, "isatty") else False
+    n = 0
+    try:
+        while count is None or n < count:
+            if n:
+                time.sleep(interval)
+            reply = ask()
+            now = time.time()
+            view = TopView(proc_root=proc_root, stale_after=LIVE_FOR_REMOTE)
+            view.update(remote_samples(reply), now)
+            view.prune(now)
+            if tty:
+                out.write("\x1b[H\x1b[2J")
+            out.write(f"the running controller's view (mode {reply['mode']})\n" + view.render(now) + "\n"
+                      + "\n".join(remote_rules(reply)) + "\n")
+            out.flush()
+            n += 1
+    except KeyboardInterrupt:
+        pass
     return 0

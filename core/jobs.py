@@ -11,10 +11,15 @@ same, so a worker that exits before it is read still has one.
 
 The training processes of a job are those that hold a rank and are not
 launchers (a process of the job whose descendants got their own rank, such as
-torchrun's agent under ``srun``), plus the owners of DataLoader workers. A
-process whose environment and cgroup name no job has none; ``fallback`` (the
-``--job`` flag) names the training processes discovery leaves without one, and
-never relabels a job that was found.
+torchrun's agent under ``srun``), plus the owners of DataLoader workers. An
+owner of DataLoader workers whose environment and cgroup name no job (a job
+started by hand: ``python train.py``) is a job of its own, named after the
+process (``own_job``: ``train.py-4242``, evidence ``process``, no rank), for
+its life; its workers and the processes below it follow it. ``fallback`` (the
+``--job`` flag) comes first: it names the training processes discovery finds
+no launcher, pod or Slurm job for (and so the processes below them), instead
+of their own names, and never relabels a job that was found. Any other process
+whose environment and cgroup name no job has none.
 
 Bad input never raises: an environment that cannot be read (another user's,
 without root), that vanishes mid-read, that is larger than ``max_environ`` or
@@ -29,18 +34,21 @@ Example::
     jobs = Discovery("/proc")
     jobs.refresh()
     jobs.identity(4250).labels()    # {"job": "llama-7b", "rank": "3", "pod": "1b2c..."}
+    jobs.identity(5120).labels()    # {"job": "train.py-5100"}: a worker of a job started by hand
     for job in jobs.jobs():
         job.name, [(t.rank, t.pid) for t in job.trainers]
 
 Overhead: a refresh lists /proc and reads one ``stat`` per process; a process
 seen for the first time also costs its ``comm``, ``environ`` (up to
-``max_environ``) and ``cgroup`` (~50 us in all); ``identity`` of a known pid is
-a dict hit.
+``max_environ``) and ``cgroup`` (~50 us in all); a training process with no
+job found, its ``cmdline`` too, once. ``identity`` of a known pid is a dict
+hit; of a process below a job of its own, one per process up to it.
 """
 from __future__ import annotations
 
 import errno
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -51,6 +59,9 @@ from .trainers import WORKER_COMMS, Trainers
 
 SKIP_REASONS = ("unreadable", "vanished", "oversized", "malformed", "fd-exhausted")
 MAX_ENVIRON = 1 << 20       # bytes: an environment larger than this is not a launcher's
+OWN_EVIDENCE = "process"    # the evidence of a job of its own: a training process, no launcher, pod or Slurm job
+NOT_LABEL_TEXT = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_OWN_NAME = 64           # characters of the script or command name kept
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,23 @@ def identify(launch: Launch | None, place: Placement | None) -> Identity | None:
                     pod=place.pod if place else "", container=place.container if place else "",
                     slurm_step=place.slurm_step if place else "", cgroup=place.cgroup if place else "",
                     evidence=evidence)
+
+
+def own_job(pid: int, comm: str, cmdline: list[str]) -> str:
+    """The job of a training process started by no launcher: ``<name>-<pid>``,
+    the name being the file name of its first ``.py`` argument, else the
+    module after ``-m``, else (``-c`` code, a program that is not Python) its
+    command name; other arguments (which may hold secrets) are never kept.
+    Only ``[A-Za-z0-9._-]`` is kept, so the name is a label value as it is."""
+    name = comm
+    for before, arg in zip(["", *cmdline], cmdline):
+        if before == "-c":
+            break
+        if not arg.startswith("-") and "=" not in arg and (arg.endswith(".py") or before == "-m"):
+            name = os.path.basename(arg)
+            break
+    name = NOT_LABEL_TEXT.sub("_", name).strip("._-")[:MAX_OWN_NAME]
+    return f"{name or 'process'}-{pid}"
 
 
 UNATTRIBUTED = Identity("")
@@ -145,6 +173,7 @@ class _Known:
     comm: str
     key: tuple | None            # what the identity was read from (recognised env, placement)
     identity: Identity | None
+    own: Identity | None = None  # a training process with no identity: its job of its own
 
 
 class Discovery:
@@ -237,12 +266,39 @@ class Discovery:
             del self._known[pid]
         for pid in sorted(pids):
             self._lookup(pid)
+        for pid, known in self._known.items():
+            if known.comm in self.worker_comms:
+                self._trains(self.trainers.of(pid))
         self.trainers.prune(active=())
+
+    def _trains(self, pid: int | None) -> None:
+        """``pid`` owns DataLoader workers: with no identity, it is a job of its own."""
+        known = self._known.get(pid) if pid is not None else None
+        if known is None or known.identity is not None or known.own is not None:
+            return
+        cmdline = self.procfs.cmdline(pid)
+        if self.procfs.start_time(pid) == known.start:     # not the pid's next process
+            known.own = Identity(own_job(pid, known.comm, cmdline), evidence=(OWN_EVIDENCE,))
+
+    def _own(self, pid: int) -> Identity | None:
+        """The job of its own of ``pid``, or of the nearest process above it that
+        has one, up to the first process with an identity."""
+        seen = set()
+        while pid > 1 and pid not in seen:
+            seen.add(pid)
+            known = self._known.get(pid)
+            if known is None or known.identity is not None:
+                return None
+            if known.own is not None:
+                return known.own
+            pid = known.ppid
+        return None
 
     def identity(self, pid: int) -> Identity | None:
         """The identity of ``pid``'s training process (``pid`` itself unless it
-        is a DataLoader worker), else its own; the fallback for a training
-        process that has none."""
+        is a DataLoader worker), else its own; for one that has none, the
+        fallback, else the job of its own of that training process or of the
+        one above it."""
         known = self._known.get(pid) or self._lookup(pid)      # a dict hit once read: no /proc read
         comm = known.comm if known is not None else self.procfs.comm(pid)
         owner = self.trainers.of(pid) if comm in self.worker_comms else pid
@@ -252,7 +308,11 @@ class Discovery:
                 return known.identity
         if self.fallback and owner is not None:
             return Identity(self.fallback, launcher="", evidence=("--job",))
-        return None
+        if owner is None:
+            return None
+        if owner != pid:
+            self._trains(owner)
+        return self._own(owner)
 
     def _launchers(self) -> set[int]:
         """Processes of a job with a rank below them that got its own environment."""
@@ -276,9 +336,10 @@ class Discovery:
         return out
 
     def jobs(self) -> list[Job]:
-        """Every job with a training process on the node (after ``refresh``); the
-        training processes no job was found for (owners of DataLoader workers
-        with no launcher environment, pod or Slurm cgroup) under the job ``""``."""
+        """Every job with a training process on the node (after ``refresh``), a
+        job of its own for each started by no launcher; the training processes
+        whose environment could not be read (another user's, without root)
+        under the job ``""``."""
         launchers = self._launchers()
         heads: dict[int, Identity] = {}
         for pid, known in self._known.items():
@@ -295,6 +356,8 @@ class Discovery:
                 owner = self.trainers.of(pid)
                 if owner is not None and owner not in heads and owner not in launchers:
                     heads[owner] = self.identity(owner) or UNATTRIBUTED
+            elif known.own is not None:               # a job of its own, between two sets of workers too
+                heads[pid] = self.identity(pid)
         trainers = {pid: Trainer(pid, ident) for pid, ident in heads.items()}
         for pid in self._known:
             head = self._head(pid, trainers)

@@ -16,7 +16,8 @@ float       a number or its text           ``float`` (finite)
 bool        true/false, or yes/no/1/0 text ``bool``
 duration    ``"250ms"``, ``"1h30m"``, 90   seconds, ``float``
 dscp        ``"EF"``, ``"af41"``, 46       DSCP number 0-63, ``int``
-int_list    ``[3, 1]``, ``"0-3,8"``        sorted distinct ``int`` list
+int_list    ``[3, 1]``, ``"0-3,8"``        sorted distinct ``int`` list (CPU numbers,
+                                           each below ``MAX_CPUS``)
 str_list    a list, or ``"a,b"`` text      ``str`` list, first occurrences kept
 port_range  see ``reflexarc.core.ports``   ``[(lo, hi), ...]``
 mapping     a mapping, or JSON object text ``dict`` with ``str`` keys
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +55,7 @@ EVIDENCE_PARAM = "evidence"
 spec ``accepts_evidence``: the evidence items of the conditions that fired."""
 
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+MAX_CPUS = 1 << 13       # the kernel's NR_CPUS at its largest: CPU numbers lie below it
 
 
 class ParamError(ValueError):
@@ -135,7 +138,7 @@ def _convert(kind: str, value):
     if kind == "dscp":
         return dscp_code(value)
     if kind == "int_list":
-        return parse_cpulist(value)
+        return _cpu_list(value)
     if kind == "str_list":
         if isinstance(value, str):
             items = [item.strip() for item in value.split(",") if item.strip()]
@@ -158,6 +161,20 @@ def _convert(kind: str, value):
             raise ParamError(f"{value!r} is not a valid mapping")
         return {str(k): v for k, v in value.items()}
     raise ParamError(f"parameter type '{kind}' is unknown (known: {', '.join(PARAM_TYPES)})")
+
+
+def _cpu_list(value) -> list[int]:
+    """``parse_cpulist`` of CPUs below ``MAX_CPUS``; the numbers of a text are
+    checked first, so that a range such as ``0-99999999999`` is never expanded."""
+    if isinstance(value, str):
+        _below_max_cpus([int(n) for n in re.findall(r"[0-9]+", value)])
+    return _below_max_cpus(parse_cpulist(value))
+
+
+def _below_max_cpus(cpus: list[int]) -> list[int]:
+    if cpus and max(cpus) >= MAX_CPUS:
+        raise ParamError(f"CPU {max(cpus)} is out of range: CPUs are numbered 0-{MAX_CPUS - 1}")
+    return cpus
 
 
 def check_params(spec: ActuatorSpec, params: dict, partial: bool = False) -> dict:

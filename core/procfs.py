@@ -21,7 +21,8 @@ read) means the process or thread is gone. Any other failure (EMFILE or ENFILE
 when this process or the node is out of file descriptors, EACCES, EIO, ENOMEM)
 says nothing about the task. By default the methods answer as for a gone task
 (None, empty), which is what probes and job discovery want; with
-``strict=True`` they raise ``ProcUnreadable``, an OSError carrying the errno
+``strict=True`` (per call, or for every call of a ``ProcFS(root, strict=True)``,
+which is what the process guard of actuators uses) they raise ``ProcUnreadable``, an OSError carrying the errno
 and the path (``/proc/812/stat: Too many open files``). ``alive(pid, start)``
 is always strict: False only when the task is gone or its pid now names
 another task. Opening a file takes a descriptor before the path is looked up,
@@ -82,19 +83,19 @@ def comm_bytes(name: str) -> bytes:
 
 
 class ProcFS:
-    def __init__(self, proc_root: str = "/proc") -> None:
+    def __init__(self, proc_root: str = "/proc", strict: bool = False) -> None:
         self.root = str(proc_root)
+        self.strict = strict          # every read strict, whatever its call says
         self._cgroup2: list[str] | None = None    # mount points, read on first use
 
     def _path(self, parts) -> str:
         return os.path.join(self.root, *map(str, parts))
 
-    @staticmethod
-    def _failed(path: str, exc: OSError, strict: bool) -> None:
+    def _failed(self, path: str, exc: OSError, strict: bool) -> None:
         """After ``exc`` from opening, listing or reading ``path``: return when the
-        task is gone (or, unless ``strict``, whatever the cause), else raise
+        task is gone (or, unless strict, whatever the cause), else raise
         ProcUnreadable."""
-        if exc.errno in GONE or not strict:
+        if exc.errno in GONE or not (strict or self.strict):
             return None
         try:
             os.stat(path)             # a path lookup without a descriptor

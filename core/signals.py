@@ -21,10 +21,12 @@ from dataclasses import dataclass
 
 KINDS = ("gauge", "counter")
 # Labels whose values the node's own sources take from a closed set: a probe's
-# per-interval quantiles (bpf/loghist.py QUANTILES) and link_traffic's split. A
-# policy matching another value reads nothing the node produces (a PromQL source
-# may still give other quantiles, so it is a warning, not an error).
-LABEL_VALUES = {"quantile": ("0.5", "0.99"), "traffic": ("job", "other", "all")}
+# per-interval quantiles (bpf/loghist.py QUANTILES), link_traffic's split and
+# pcie_aer's severities. A policy matching another value reads nothing the node
+# produces (a PromQL source may still give other quantiles, so it is a warning,
+# not an error).
+LABEL_VALUES = {"quantile": ("0.5", "0.99"), "traffic": ("job", "other", "all"),
+                "severity": ("correctable", "nonfatal", "fatal")}
 
 
 @dataclass(frozen=True)

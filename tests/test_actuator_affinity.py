@@ -24,6 +24,8 @@ from reflexarc.actuators.base import Change, PermanentActuatorError, Target
 from reflexarc.core.cpus import format_cpulist
 from reflexarc.core.procfs import ProcFS
 
+pytestmark = [pytest.mark.kernel]
+
 # A job's main process: forks workers on request. Each worker names itself
 # pt_data_worker, gives its main thread and each extra thread its own mask, prints
 # each thread's id and mask, and starts one more thread (inheriting the main thread's mask) on

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from conftest import ROOT, allowed, require, require_bpf, require_root, two_node_sys
 from netns import NetnsPair
+import pytest
+
+pytestmark = [pytest.mark.kernel, pytest.mark.netns]
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 

@@ -17,6 +17,8 @@ from reflexarc.actuators.registry import ActuatorConfig, build_registry
 from reflexarc.bpf.manager import ProbeManager
 from reflexarc.bpf.probe import Selection
 
+pytestmark = [pytest.mark.kernel]
+
 INT3 = 0xCC
 
 

@@ -27,6 +27,8 @@ from reflexarc.controller.policy.loader import load_policies
 from reflexarc.core.cgroups import cgroup2_root
 from reflexarc.core.outcomes import Outcome
 
+pytestmark = [pytest.mark.kernel, pytest.mark.netns]
+
 ETH_P_ALL = 0x0003
 ECT0 = 0x02          # ECN bits the senders set; marking must keep them
 
@@ -685,3 +687,15 @@ def test_pins_are_locked_across_state_dirs_and_no_empty_directory_is_left(tmp_pa
         for d in (pin_dir, pin_dir.parent):
             if d.exists():
                 d.rmdir()
+
+
+def test_drift_names_a_filter_removed_behind_the_actuators_back(pair, act):
+    t = target(pair)
+    change = act.plan(t, {"dscp": "CS1", "ports": ["443"], "protocol": "tcp"})
+    act.apply(change)
+    try:
+        assert act.drift(change) is None
+        pair.run("a", "tc", "filter", "del", "dev", pair.if_a, "egress")
+        assert act.drift(change) == f"the DSCP filter on {pair.if_a} is gone"
+    finally:
+        act.revert(change)

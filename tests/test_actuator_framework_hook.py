@@ -20,10 +20,12 @@ import pytest
 from conftest import ROOT, require_root
 
 from reflexarc.actuators.base import Change, PermanentActuatorError, Target, TemporaryActuatorError
-from reflexarc.actuators.framework_hook import (FrameworkHookActuator, HookClient, find_endpoints, ranks_by_pid,
+from reflexarc.actuators.framework_hook import (FrameworkHookActuator, HookClient, find_endpoints, served_by_pid,
                                                 read_signals)
 from reflexarc.controller.policy.loader import load_policies
 from reflexarc.core.procfs import ProcFS
+
+pytestmark = [pytest.mark.kernel]
 
 NOBODY = 65534
 
@@ -342,8 +344,8 @@ def test_ranks_by_training_process(hook_dir, start):
     _, zero = start()
     _, one = start(job="other", rank=1)
     Path(hook_dir, "notes.txt").write_text("not a socket name\n")
-    assert ranks_by_pid(hook_dir) == {zero["pid"]: "0", one["pid"]: "1"}
-    assert ranks_by_pid(str(Path(hook_dir, "missing"))) == {}
+    assert served_by_pid(hook_dir) == {zero["pid"]: ("0", "llama"), one["pid"]: ("1", "other")}
+    assert served_by_pid(str(Path(hook_dir, "missing"))) == {}
 
 
 def test_example_training_script_changes_prefetch(hook_dir):

@@ -6,7 +6,10 @@ The controller replays a slow phase of one rank's steps (500 ms, then back to
 100 ms) under an ``alert-only`` policy; the alert must be there while the rule
 fires and gone (resolved) once it has cleared. With an Alertmanager that
 accepts connections and never answers, the alert is sent from its own thread:
-the loop goes on, and SIGTERM ends the controller at once.
+the loop goes on, and SIGTERM ends the controller within the sender's
+deadline. Stopped (SIGTERM) while two rules fire, the controller resolves
+their alerts before it exits, unless the rules keep them
+(``rollback: {alerts: keep}``); the loader and the schema agree on that field.
 """
 from __future__ import annotations
 
@@ -18,10 +21,16 @@ import subprocess
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from conftest import require, wait_until
+import jsonschema
+import pytest
+import yaml
+from conftest import ROOT, require, wait_until
 
+from reflexarc.actuators.alert import DEADLINE
+from reflexarc.controller.policy.loader import validate_paths
 from reflexarc.simulations.testbed.alertmanager import BINARY, Alertmanager
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
@@ -132,10 +141,11 @@ def test_sigterm_ends_the_run_at_once_while_alertmanager_hangs(tmp_path):
         for conn in held:
             conn.close()
     assert proc.returncode == 0, err
-    # the delivery's deadline is 10 s, Alertmanager would hang for ever: the
-    # controller neither waits on it in the loop nor at exit
-    assert took < 4.0, f"SIGTERM took {took:.1f} s while Alertmanager hung"
-    assert _alert_outcomes(state)[:1] == ["notified"]
+    # Alertmanager would hang for ever: the loop never waits on it, and the
+    # stop waits for the resolution at most one delivery deadline (10 s)
+    assert took < DEADLINE + 4.0, f"SIGTERM took {took:.1f} s while Alertmanager hung"
+    assert _alert_outcomes(state) == ["notified", "resolved"]
+    assert "not delivered" in err, err
 
 
 def _alert_outcomes(state: Path) -> list[str]:
@@ -143,3 +153,146 @@ def _alert_outcomes(state: Path) -> list[str]:
     lines = path.read_text().splitlines() if path.exists() else []
     records = [json.loads(line) for line in lines if line.endswith("}")]
     return [r["outcome"] for r in records if r.get("kind") == "action" and r.get("actuator") == "alert"]
+
+
+TWO_RULES = """\
+policies:
+  - name: {name}
+    mode: enforce
+    rules:
+      - name: steps-slow
+        by: [job, rank]
+        when: {{signal: step_time_ms, agg: max, window: 2s, op: ">", threshold: 300}}
+        actions:
+          - actuator: alert
+            params: {{severity: warning}}{rollback}
+      - name: steps-very-slow
+        by: [job, rank]
+        when: {{signal: step_time_ms, agg: max, window: 2s, op: ">", threshold: 400}}
+        actions:
+          - actuator: alert
+            params: {{severity: critical}}{rollback}
+"""
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["resolved-at-stop", "kept-at-stop"])
+def test_sigterm_resolves_the_alerts_it_fired_unless_the_rules_keep_them(tmp_path, keep):
+    require(Path(BINARY).exists(), f"Debian's prometheus-alertmanager at {BINARY} (scripts/bootstrap installs it)")
+    name = "stop-keeps" if keep else "stop-resolves"
+    policy, replay, state, hooks = tmp_path / "p.yaml", tmp_path / "r.jsonl", tmp_path / "s", tmp_path / "h"
+    policy.write_text(TWO_RULES.format(name=name, rollback="\n        rollback: {alerts: keep}" if keep else ""))
+    replay.write_text("".join(json.dumps({"t": i * 0.5, "name": "step_time_ms", "value": 500.0,
+                                          "labels": {"job": "llama", "rank": "1"}}) + "\n" for i in range(120)))
+    hooks.mkdir(mode=0o755)
+    alertnames = {f"reflexarc_{name.replace('-', '_')}_{rule}" for rule in ("steps_slow", "steps_very_slow")}
+
+    def ours(am: Alertmanager) -> set[str]:
+        return {a["labels"]["alertname"] for a in am.alerts()} & alertnames
+
+    with Alertmanager() as am:
+        proc = subprocess.Popen([*RX, "--state-dir", str(state), "--hook-dir", str(hooks), "--alertmanager-url", am.url,
+                                 "run", "--no-probes", "--replay", str(replay), "--policy", str(policy), "--mode",
+                                 "policy", "--interval", "0.5", "--duration", "120",
+                                 "--kill-switch", str(tmp_path / "disable")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until("both rules' alerts in Alertmanager", lambda: ours(am) == alertnames, 40)
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0, err
+        # the process has exited: what Alertmanager shows now is what the stop left
+        assert ours(am) == (alertnames if keep else set()), am.alerts()
+    summary = json.loads(out.splitlines()[0])
+    assert summary["actions"] == ({"notified": 2} if keep else {"notified": 2, "resolved": 2}), summary
+    records = [json.loads(line) for line in (state / "audit.jsonl").read_text().splitlines()]
+    resolved = sorted(r["rule"] for r in records if r["kind"] == "action" and r["outcome"] == "resolved")
+    assert resolved == ([] if keep else ["steps-slow", "steps-very-slow"])
+
+
+SLOW_REPLY_S = 4.0     # longer than close()'s own wait (1 s), well within the delivery deadline (10 s)
+
+
+def test_the_stop_waits_for_a_slow_receiver_to_take_the_resolution(tmp_path):
+    """A receiver that answers each POST after 4 s: the resolution sent at stop
+    is answered while the controller still waits for it (its connection is
+    still open when the answer is due), not cut off by the process's exit."""
+    delivered: list[dict] = []
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            time.sleep(SLOW_REPLY_S)
+            self.connection.setblocking(False)
+            try:
+                gone = self.connection.recv(1, socket.MSG_PEEK) == b""   # the sender closed: it gave up
+            except BlockingIOError:
+                gone = False                                            # still waiting for the answer
+            self.connection.setblocking(True)
+            if not gone:
+                delivered.extend(body)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    policy, replay, state, hooks = tmp_path / "p.yaml", tmp_path / "r.jsonl", tmp_path / "s", tmp_path / "h"
+    policy.write_text(TWO_RULES.format(name="slow-receiver", rollback=""))
+    replay.write_text("".join(json.dumps({"t": i * 0.5, "name": "step_time_ms", "value": 350.0,
+                                          "labels": {"job": "llama", "rank": "1"}}) + "\n" for i in range(120)))
+    hooks.mkdir(mode=0o755)
+    proc = subprocess.Popen([*RX, "--state-dir", str(state), "--hook-dir", str(hooks), "--alertmanager-url",
+                             f"http://127.0.0.1:{server.server_address[1]}", "run", "--no-probes", "--replay",
+                             str(replay), "--policy", str(policy), "--mode", "policy", "--interval", "0.5",
+                             "--duration", "120", "--kill-switch", str(tmp_path / "disable")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until("the firing alert at the receiver", lambda: delivered, 40)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 0, err
+    assert [("endsAt" in a, a["labels"]["rule"]) for a in delivered] == [(False, "steps-slow"), (True, "steps-slow")]
+
+
+ALERT_ACTION = [{"actuator": "alert", "params": {"severity": "warning"}}]
+SYSCTL_ACTION = [{"actuator": "sysctl", "params": {"key": "kernel.numa_balancing", "value": "0"}}]
+
+
+@pytest.mark.parametrize("actions, rollback, accepted", [
+    (ALERT_ACTION, None, "resolve"),
+    (ALERT_ACTION, {"alerts": "keep"}, "keep"),
+    (ALERT_ACTION, {"never": True, "alerts": "keep"}, "keep"),
+    (ALERT_ACTION, {"on": ["clear"], "alerts": "resolve"}, "resolve"),
+    (ALERT_ACTION, {"alerts": "maybe"}, None),
+    (ALERT_ACTION, {"never": False, "alerts": "keep"}, None),
+    (SYSCTL_ACTION, {"on": ["clear", "shutdown"], "alerts": "keep"}, "keep"),
+    (SYSCTL_ACTION, {"alerts": "keep"}, None),            # the change would have nothing to undo it
+])
+def test_loader_and_schema_agree_on_keeping_alerts_at_stop(tmp_path, actions, rollback, accepted):
+    rule = {"name": "r", "actions": actions,
+            "when": {"signal": "step_time_ms", "agg": "max", "window": "2s", "op": ">", "threshold": 300}}
+    if rollback is not None:
+        rule["rollback"] = rollback
+    document = {"policies": [{"name": "p", "rules": [rule]}]}
+    validator = jsonschema.Draft202012Validator(json.loads((ROOT / "policies" / "schema.json").read_text()))
+    assert validator.is_valid(document) is (accepted is not None)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(document))
+    policies, diagnostics = validate_paths([str(path)])
+    if accepted is None:
+        assert policies == [] and [d for d in diagnostics if d.severity == "error"]
+    else:
+        assert [p.rules[0].rollback.alerts for p in policies] == [accepted], [str(d) for d in diagnostics]

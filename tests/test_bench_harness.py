@@ -1,5 +1,5 @@
-"""The engine benchmark's harness runs and writes what the README table is
-made from (``--quick``: a few ticks per size; the figures are not checked,
+"""The engine benchmark's harness runs and writes what the table in
+docs/benchmarks.md is made from (``--quick``: a few ticks per size; the figures are not checked,
 timed assertions do not belong in tests)."""
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from test_closed_loop import require_loop
 
 from reflexarc.simulations.testbed import residue
 from reflexarc.simulations.testbed.controller import open_changes
+import pytest
+
+pytestmark = [pytest.mark.kernel, pytest.mark.testbed, pytest.mark.slow]
 
 
 def test_engine_bench_quick_writes_its_results(tmp_path):

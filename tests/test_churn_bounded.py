@@ -36,6 +36,9 @@ import threading
 import time
 
 from conftest import ROOT, require, require_bpf
+import pytest
+
+pytestmark = [pytest.mark.kernel]
 
 EPOCHS = 5
 RUNS_PER_RULE = 2

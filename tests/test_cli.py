@@ -1,6 +1,9 @@
 """The command line: clear errors, exit codes, no tracebacks."""
 from __future__ import annotations
 
+import argparse
+import json
+import re
 import subprocess
 import sys
 
@@ -84,16 +87,123 @@ def test_act_bad_params(tmp_path):
     assert r.returncode == 1 and "not a valid int" in r.stderr
 
 
+def knob(tmp_path, value: str = "60"):
+    """A sysctl tree under ``tmp_path/proc`` with vm.swappiness at ``value``."""
+    path = tmp_path / "proc" / "sys" / "vm" / "swappiness"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{value}\n")
+    return path
+
+
 def test_act_dry_run_is_default_and_changes_nothing(tmp_path):
-    knob = tmp_path / "proc" / "sys" / "vm" / "swappiness"
-    knob.parent.mkdir(parents=True)
-    knob.write_text("60\n")
+    swappiness = knob(tmp_path)
     r = rx("--state-dir", str(tmp_path / "state"), "--proc-root", str(tmp_path / "proc"),
            "act", "sysctl", "key=vm.swappiness", "value=10")
     assert r.returncode == 0, r.stderr
-    assert '"outcome": "planned"' in r.stdout and '"before": "60"' in r.stdout and '"after": "10"' in r.stdout
-    assert knob.read_text() == "60\n"
+    assert r.stdout.splitlines() == ["planned: sysctl vm.swappiness: 60 -> 10",
+                                     "  nothing was changed (dry-run); --mode enforce applies it"], r.stdout
+    assert swappiness.read_text() == "60\n"
     assert not (tmp_path / "state" / "journal.jsonl").exists()
+    r = rx("--state-dir", str(tmp_path / "state"), "--proc-root", str(tmp_path / "proc"),
+           "act", "sysctl", "key=vm.swappiness", "value=10", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"outcome": "planned", "before": "60", "after": "10", "journal_id": None,
+                                    "error": None, "summary": "sysctl vm.swappiness: 60 -> 10"}
+    assert swappiness.read_text() == "60\n"
+
+
+def test_act_enforce_says_what_changed_and_the_journal_id_that_reverts_it(tmp_path):
+    swappiness = knob(tmp_path)
+    base = ["--state-dir", str(tmp_path / "state"), "--proc-root", str(tmp_path / "proc")]
+    r = rx(*base, "act", "sysctl", "key=vm.swappiness", "value=10", "--mode", "enforce")
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.splitlines()
+    assert first == "applied: sysctl vm.swappiness: 60 -> 10" and swappiness.read_text().strip() == "10"
+    jid = second.split("journal id ", 1)[1].split(":", 1)[0]
+    assert second == f"  journal id {jid}: 'reflexarc rollback {jid}' reverts it"
+    back = rx(*base, "rollback", jid)
+    assert back.returncode == 0, back.stderr
+    assert swappiness.read_text().strip() == "60"
+
+
+def test_act_failed_plan_prints_only_the_error_line_unless_json(tmp_path):
+    base = ["--state-dir", str(tmp_path / "state"), "act", "affinity", "cpus=0", "--pid", "999999"]
+    r = rx(*base)
+    assert r.returncode == 1 and r.stdout == "", r.stdout
+    assert r.stderr.splitlines() == ["error: affinity: plan: no such process 999999"], r.stderr
+    r = rx(*base, "--json")
+    assert r.returncode == 1 and r.stderr.splitlines() == ["error: affinity: plan: no such process 999999"]
+    view = json.loads(r.stdout)
+    assert view["outcome"] == "failed" and view["error"] == "plan: no such process 999999", view
+
+
+def test_global_options_after_the_verb_mean_the_same_and_override_those_before(tmp_path):
+    swappiness = knob(tmp_path)
+    before, after = tmp_path / "before", tmp_path / "after"
+    r = rx("--state-dir", str(before), "act", "sysctl", "key=vm.swappiness", "value=10", "--mode", "enforce",
+           "--proc-root", str(tmp_path / "proc"), "--state-dir", str(after))
+    assert r.returncode == 0, r.stderr
+    assert swappiness.read_text().strip() == "10"
+    assert (after / "journal.jsonl").is_file() and not (before / "journal.jsonl").exists()
+    listed = rx("journal", "--state-dir", str(after))
+    assert listed.returncode == 0 and "sysctl" in listed.stdout, listed.stdout + listed.stderr
+    from reflexarc.controller.cli import build_parser
+    parser = build_parser()
+    for argv in (["-v", "validate", "p"], ["validate", "-v", "p"], ["--webhook-url", "u", "validate", "p"],
+                 ["validate", "p", "--webhook-url", "u"]):
+        args = parser.parse_args(argv)
+        assert (args.verbose, args.webhook_url) == ((1, None) if "-v" in argv else (0, "u")), argv
+    assert parser.parse_args(["--sys-root", "/x", "validate", "p"]).sys_root == "/x"   # kept when not repeated
+
+
+def test_alert_receiver_after_the_verb_counts_for_run(tmp_path):
+    policy = tmp_path / "pager.yaml"
+    policy.write_text(ALERTING)
+    r = rx("run", "--no-probes", "--duration", "0.2", "--interval", "0.1", "--policy", str(policy),
+           "--kill-switch", str(tmp_path / "disable"), "--mode", "policy", "--state-dir", str(tmp_path / "state"),
+           "--hook-dir", str(tmp_path / "hooks"), "--webhook-url", "http://127.0.0.1:9/hook")
+    assert r.returncode == 0, r.stderr
+    assert "warning:" not in r.stderr and "no alert receiver" not in r.stderr, r.stderr
+
+
+def test_version_is_the_installed_package_s():
+    from importlib.metadata import version
+    r = rx("--version")
+    assert r.returncode == 0 and r.stdout == f"reflexarc {version('reflexarc')}\n", r.stdout + r.stderr
+    assert re.fullmatch(r"reflexarc \d+\.\d+\.\d+\n", r.stdout)
+
+
+def _actions(parser: argparse.ArgumentParser, path: str):
+    """(where, action) of every action of ``parser`` and of its commands' parsers."""
+    for action in parser._actions:
+        yield path, action
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _actions(sub, f"{path} {name}")
+
+
+def test_every_command_and_option_has_help():
+    from reflexarc.controller.cli import build_parser
+    parser = build_parser()
+    missing = [f"{where}: {'/'.join(a.option_strings) or a.dest}" for where, a in _actions(parser, "reflexarc")
+               if not (a.help and a.help.strip()) or a.help == argparse.SUPPRESS]
+    assert missing == [], missing
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helped = {c.dest for c in verbs._choices_actions if c.help and c.help.strip()}
+    assert helped == set(verbs.choices), set(verbs.choices) - helped
+    assert len(list(_actions(parser, ""))) > 100        # the walk reached every command
+
+
+@pytest.mark.parametrize("verb,words", [
+    ("journal", "Lists every change the journal"),
+    ("rollback", "Reverts changes the journal"),
+    ("test-policies", "Runs each case of each test file"),
+])
+def test_help_of_a_command_says_what_it_does(verb, words):
+    r = rx(verb, "--help")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert words in text and "global options (before or after the command)" in text, text
 
 
 def test_report_missing_audit(tmp_path):
@@ -183,3 +293,30 @@ def test_act_actuator_help_lists_that_actuators_parameters_from_its_spec():
     assert "affinity" not in r.stdout
     every = subprocess.run(RX + ["act", "--help"], capture_output=True, text=True, timeout=60)
     assert all(f"  {name}" in every.stdout for name in SPECS), every.stdout
+
+
+def test_reports_read_lists_and_comparisons_as_people_write_them(tmp_path):
+    r = rx("simulate", "flapping", "--mode", "enforce", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    md, html = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
+    assert "&lt;" not in md and "&amp;" not in md
+    assert re.search(r"`max\(dataloader_read_latency_us\S*\) < 1\.5x baseline`: \*\*[0-9.,]+\*\* < [0-9]", md), md
+    assert "rollback <code>on shutdown, ttl, verify-failed; ttl 3600s</code>" in html
+    assert "[&#x27;" not in html and "['" not in md
+
+
+def test_messages_name_what_the_yaml_says_not_internal_classes(repo_root):
+    """No text a user may read (any string but a docstring) names an internal
+    class's field, e.g. ``Selection.link_speeds`` for a policy's ``selector.link_speeds``."""
+    import ast
+    found = []
+    for folder in ("actuators", "bpf", "controller", "core"):
+        for path in sorted((repo_root / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            docs = {id(node.body[0].value) for node in ast.walk(tree)
+                    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                    and node.body and isinstance(node.body[0], ast.Expr)}
+            found += [f"{path.relative_to(repo_root)}:{node.lineno}: {node.value}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+                      and re.search(r"\b(Selection|Selector|Policy|Rule|Condition|Rollback)\.[a-z_]+", node.value)]
+    assert found == [], found

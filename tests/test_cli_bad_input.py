@@ -109,7 +109,12 @@ CASES = [
         ("report", "{audit}", "--out", ""), ("simulate", "numa-remote-worker", "--policy", ""),
         ("simulate", "numa-remote-worker", "--out", ""), ("run", "--policy", ""), ("top", "--policy", ""),
         ("probes", "--policy", ""), (*RUN, "--replay", ""), (*RUN, "--audit", ""), (*RUN, "--kill-switch", ""),
-        ("--sys-root", "", "validate", "{policy}"), ("--proc-root", "", "validate", "{policy}"))],
+        ("--sys-root", "", "validate", "{policy}"), ("--proc-root", "", "validate", "{policy}"),
+        ("validate", "{policy}", "--sys-root", ""), ("act", "log", "message=x", "--state-dir", ""))],
+    # CPU lists: one parser for policies and act; a huge range is refused before it is expanded
+    (("act", "affinity", "cpus=0-99999999999", "--pid", "1"), 1, "CPU 99999999999 is out of range"),
+    (("act", "affinity", "cpus=3-1", "--pid", "1"), 1, "runs backwards"),
+    (("act", "affinity", "cpus=0", "--pid", "999999"), 1, "no such process 999999"),
 ]
 
 

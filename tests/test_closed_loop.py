@@ -16,7 +16,7 @@ from reflexarc.simulations.testbed import residue
 from reflexarc.simulations.testbed.alertmanager import BINARY as ALERTMANAGER
 from reflexarc.simulations.testbed.closed_loop import run_fault
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.testbed, pytest.mark.slow]
 
 
 def require_loop() -> None:

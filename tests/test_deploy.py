@@ -28,6 +28,8 @@ from conftest import ROOT, require, require_bpf, require_root
 
 from reflexarc.simulations.testbed.local_server import free_port
 
+pytestmark = [pytest.mark.kernel]
+
 DEPLOY = ROOT / "deploy"
 UNIT = DEPLOY / "systemd" / "reflexarc.service"
 ENV_FILE = DEPLOY / "systemd" / "reflexarc.env"
@@ -333,7 +335,9 @@ FULL = {"mode": "enforce", "policies": {"numa.yaml": (ROOT / "policies" / "datal
         "hostProc": True, "nodeSelector": {"node-role/training": "true"},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "image": {"repository": "registry.example/reflexarc", "digest": "sha256:" + "ab" * 32},
-        "serviceMonitor": {"labels": {"release": "kube-prometheus-stack"}}, "priorityClassName": "node-agent"}
+        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "priorityClassName": "node-agent"}
+SERVICE_MONITOR_ON = {"serviceMonitor": {"enabled": True}}
 
 
 def _container(objs) -> dict:
@@ -359,7 +363,8 @@ def test_chart_renders_valid_kubernetes_objects(values):
     kv = _kv()
     objs = _objects(values)
     kinds = {kind for kind, _ in objs}
-    assert {"DaemonSet", "Service", "ServiceMonitor", "ConfigMap", "ServiceAccount"} <= kinds
+    assert {"DaemonSet", "Service", "ConfigMap", "ServiceAccount"} <= kinds
+    assert ("ServiceMonitor" in kinds) == (values is FULL)
     for (kind, name), obj in objs.items():
         if kind == "ServiceMonitor":        # a CRD: checked in test_service_and_service_monitor
             continue
@@ -370,6 +375,36 @@ def test_chart_renders_valid_kubernetes_objects(values):
     bad["spec"]["template"]["spec"]["hostPid"] = True
     with pytest.raises(kv.ValidationError):
         kv.validate(bad, K8S_VERSIONS[0], strict=True)
+
+
+def test_defaults_need_no_custom_resource():
+    """The chart with its default values installs on a cluster with nothing but
+    Kubernetes: every object is a kind the API server itself serves (the
+    Kubernetes schemas know it), so no ServiceMonitor. Turned on, the
+    ServiceMonitor appears, and the same check tells it is a custom resource."""
+    kv = _kv()
+    for values, monitored in ((None, False), ({"serviceMonitor": {"enabled": False}}, False),
+                              (SERVICE_MONITOR_ON, True), (FULL, True)):
+        objs = _objects(values)
+        custom = []
+        for (kind, name), obj in objs.items():
+            try:
+                kv.validate(obj, K8S_VERSIONS[0], strict=True)
+            except kv.SchemaNotFoundError:
+                custom.append((obj["apiVersion"], kind))
+        if monitored:
+            assert custom == [("monitoring.coreos.com/v1", "ServiceMonitor")], (values, custom)
+        else:
+            assert custom == [] and "ServiceMonitor" not in {k for k, _ in objs}, (values, custom)
+    # the plain manifests are the defaults: no ServiceMonitor among them either
+    plain = [doc for f in sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+             for doc in yaml.safe_load_all(f.read_text()) if doc]
+    assert plain and all(d["kind"] != "ServiceMonitor" for d in plain)
+    for doc in plain:
+        kv.validate(doc, K8S_VERSIONS[0], strict=True)
+    # and the chart says so in its values
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["serviceMonitor"]["enabled"] is False
 
 
 def test_daemonset_is_not_privileged_and_mounts_what_the_controller_needs():
@@ -500,7 +535,7 @@ def test_policies_come_from_a_configmap(tmp_path):
 
 
 def test_service_and_service_monitor():
-    objs = _objects()
+    objs = _objects(SERVICE_MONITOR_ON)
     svc, sm = objs[("Service", "reflexarc")], objs[("ServiceMonitor", "reflexarc")]
     pod = objs[("DaemonSet", "reflexarc")]["spec"]["template"]
     assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
@@ -554,11 +589,10 @@ def test_plain_manifests_are_the_chart_rendered(tmp_path):
 
 
 # --- Grafana dashboard --------------------------------------------------------------------
-# Metrics of the exporter (controller/exporter.py) and prometheus_client's
-# process collector, with their labels besides node.
-EXPORTER = {"reflexarc_loop_lag_seconds": (), "reflexarc_journal_bytes": (), "reflexarc_journal_open_entries": (),
-            "reflexarc_probe_up": ("probe", "state"),
-            "process_cpu_seconds_total": (), "process_resident_memory_bytes": ()}
+# Metrics of prometheus_client's process collector, with their labels besides
+# node; the exporter's own scrape-time families are read from its code
+# (_exporter_families).
+EXPORTER = {"process_cpu_seconds_total": (), "process_resident_memory_bytes": ()}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or",
                 "unless", "sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk",
                 "quantile", "count_values", "group", "inf", "nan"}
@@ -602,10 +636,40 @@ def _labels_used(expr: str) -> dict[str, set[str]]:
     return out
 
 
+def _exporter_families() -> dict[str, set[str]]:
+    """Sample name -> label names of the families controller/exporter.py builds
+    at scrape time (``GaugeMetricFamily("reflexarc_job_info", ..., labels=[...])``),
+    read from its code: a counter family's samples end in ``_total``."""
+    import ast
+    tree = ast.parse((ROOT / "controller" / "exporter.py").read_text())
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        kind = getattr(node.func, "id", None) or getattr(node.func, "attr", "")
+        if not kind.endswith("MetricFamily") or not node.args or not isinstance(node.args[0], ast.Constant):
+            continue
+        labels = next((kw.value for kw in node.keywords if kw.arg == "labels"), None)
+        if labels is None and len(node.args) >= 3:
+            labels = node.args[2]
+        names = {e.value for e in labels.elts} if isinstance(labels, (ast.List, ast.Tuple)) else set()
+        name = node.args[0].value
+        out[name + "_total" if kind == "CounterMetricFamily" else name] = names
+    return out
+
+
+def test_exporter_families_are_read_from_the_code():
+    families = _exporter_families()
+    assert families["reflexarc_probe_up"] == {"probe", "state"}
+    assert families["reflexarc_journal_bytes"] == set()
+    assert families["reflexarc_alert_deliveries_total"] == {"receiver", "outcome"}
+
+
 def _known_metrics(tmp_path) -> dict[str, set[str]]:
     """Metric name -> label names: what the controller's registry holds today
     (controller/metrics.py and the sources registered on it), the catalogue's
-    signals by the exporter's naming rule, and EXPORTER."""
+    signals by the exporter's naming rule, the exporter's scrape-time families
+    and EXPORTER."""
     from prometheus_client import CollectorRegistry
     from reflexarc.controller.metrics import ControllerMetrics
     from reflexarc.controller.signal_metrics import exported
@@ -623,7 +687,7 @@ def _known_metrics(tmp_path) -> dict[str, set[str]]:
         known[name + "_total" if obj._type == "counter" else name] = labels | {"node"}
     for signal, spec in CATALOGUE.items():
         known[exported(spec).name] = set(spec.labels) | {"node"}
-    for name, labels in EXPORTER.items():
+    for name, labels in [*_exporter_families().items(), *EXPORTER.items()]:
         known.setdefault(name, set(labels) | {"node", "job"})
     return known
 
@@ -678,6 +742,35 @@ def test_dashboard_metrics_exist(tmp_path):
     assert _metric_names('sum by (x) (rate(foo_total{a="b"}[5m])) / bar') == {"foo_total", "bar"}
 
 
+def test_training_job_variable_lists_every_discovered_job():
+    """The "Training job" variable comes from a metric the exporter builds for
+    every job the controller finds on a node, not from a signal only jobs that
+    report through hooks produce: the real collector, given a job found in
+    /proc (torchrun, no hooks), exports it under the variable's label."""
+    (var,) = [v for v in _dashboard()["templating"]["list"] if v["name"] == "training_job"]
+    m = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", var["query"]["query"])
+    assert m and var["definition"] == var["query"]["query"], var
+    metric, label = m.groups()
+    families = _exporter_families()
+    assert metric in families, f"{metric} is not built by controller/exporter.py: {sorted(families)}"
+    assert label in families[metric], (metric, families[metric])
+    from reflexarc.controller.signal_metrics import exported
+    from reflexarc.controller.signals import CATALOGUE
+    assert metric not in {exported(spec).name for spec in CATALOGUE.values()}, "a signal: not every job has it"
+    from types import SimpleNamespace
+    from reflexarc.controller.exporter import ProbeCollector
+    from reflexarc.core.jobs import Identity, Job, Trainer
+    jobs = [Job("llama", [Trainer(4242, Identity("llama", rank=0, launcher="torchrun")),
+                          Trainer(4243, Identity("llama", rank=1, launcher="torchrun"))]),
+            Job("bert", [Trainer(5150, Identity("bert", launcher="python"))])]
+    manager = SimpleNamespace(statuses=dict, jobs=jobs, skipped={})
+    (family,) = [f for f in ProbeCollector(manager).collect() if f.name == metric]
+    assert {s.labels[label] for s in family.samples} == {"llama", "bert"}
+    # the panels of the live signals pick their series by the same label
+    picked = [e for e in _expressions() if "$training_job" in e]
+    assert picked and all(f'{label}=~"$training_job"' in e for e in picked), picked
+
+
 # --- container image ----------------------------------------------------------------------
 COMPILERS = re.compile(r"^(clang(-\d+)?|gcc(-\d+)?|g\+\+(-\d+)?|cpp|make|build-essential|llvm(-\d+)?(-dev)?|"
                        r"libclang(-\d+)?-dev|libbpfcc-dev|linux-headers-.*|python3-dev|libc6-dev)$")
@@ -729,6 +822,114 @@ def test_containerfile_recipe():
     assert build_parser().parse_args(json.loads(last["CMD"])).command == "run"
 
 
+def _copied_sources() -> list[str]:
+    """The build-context paths the Containerfile COPYs (not those from another stage)."""
+    return [src for word, rest in _containerfile() if word == "COPY" and not rest.startswith("--")
+            for src in rest.split()[:-1]]
+
+
+def test_image_entrypoint_is_the_installed_console_script():
+    """The entrypoint is the project's console script, installed by pip into the
+    venv whose bin/ leads the image's PATH, and it names the real CLI."""
+    import importlib
+    import tomllib
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    (entry,) = _entrypoint()
+    assert entry == "reflexarc" and entry in scripts
+    module, _, func = scripts[entry].partition(":")
+    assert callable(getattr(importlib.import_module(module), func))
+    steps = _containerfile()
+    runtime = steps[max(i for i, (word, _) in enumerate(steps) if word == "FROM"):]
+    (install,) = [rest for word, rest in runtime if word == "RUN" and "-m venv" in rest]
+    venv = re.search(r"-m venv --system-site-packages (\S+)", install).group(1)
+    assert f"{venv}/bin/pip install" in install and "/tmp/wheels/" in install
+    env = " ".join(rest for word, rest in runtime if word == "ENV")
+    path = re.search(r"\bPATH=(\S+)", env).group(1).split(":")
+    assert path[0] == f"{venv}/bin", path
+    # the image's CLI is importable where it is installed, and bcc (Debian's) with it
+    assert "import bcc, reflexarc.controller.cli" in install
+
+
+def test_image_recipe_copies_what_exists_and_is_not_ignored():
+    sources = _copied_sources()
+    assert sources
+    for src in sources:
+        assert (ROOT / src).exists(), f"Containerfile copies {src}, which does not exist"
+    from fnmatch import fnmatch
+    ignore = [line.strip() for line in (DEPLOY / "Containerfile.ignore").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    assert ".venv" in ignore and ".git" in ignore
+    for src in sources:
+        parts = Path(src).parts
+        for pattern in ignore:
+            hit = any(fnmatch("/".join(parts[:i]), pattern.removeprefix("**/")) or
+                      fnmatch(part, pattern.removeprefix("**/")) for i, part in enumerate(parts, 1))
+            assert not hit, f"deploy/Containerfile.ignore ({pattern}) leaves out {src}, which the build copies"
+
+
+def _make_image(*args: str) -> tuple[int, str, list[list[str]]]:
+    """``make -n image ARGS``: the exit status, stderr and the commands it would run."""
+    make = _tool("make", "make")
+    res = subprocess.run([make, "-n", "--no-print-directory", "-C", str(ROOT), "image", *args],
+                         capture_output=True, text=True, timeout=60)
+    lines = res.stdout.replace("\\\n", " ").splitlines()
+    return res.returncode, res.stderr, [shlex.split(line) for line in lines if line.strip()]
+
+
+def _option(words: list[str], name: str) -> str:
+    return words[words.index(name) + 1]
+
+
+def test_make_image_tags_what_the_chart_pulls():
+    """``make image`` builds deploy/Containerfile from the project's root and
+    tags the name the chart's default values pull; IMAGE= and PUSH=1 tag and
+    push the operator's registry's name; without podman or buildah it stops
+    with one line naming them."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    rc, err, commands = _make_image("CONTAINER_TOOL=podman")
+    assert rc == 0, err
+    (build,) = [c for c in commands if c[:2] == ["podman", "build"]]
+    assert (ROOT / _option(build, "-f")).resolve() == CONTAINERFILE
+    assert (ROOT / _option(build, "--ignorefile")).is_file()
+    assert build[-1] == "."
+    assert _option(build, "-t") == f"{values['image']['repository']}:{chart['appVersion']}"
+    assert values["image"]["tag"] == "" and "--build-arg" not in build
+    assert not [c for c in commands if "push" in c]
+    image = "registry.example/reflexarc:0.1.0"
+    base = "docker.io/library/debian:12-slim@sha256:" + "cd" * 32
+    rc, err, commands = _make_image("CONTAINER_TOOL=buildah", f"IMAGE={image}", "PUSH=1", f"DEBIAN_IMAGE={base}")
+    assert rc == 0, err
+    (build,) = [c for c in commands if c[:2] == ["buildah", "build"]]
+    assert _option(build, "-t") == image and _option(build, "--build-arg") == f"DEBIAN_IMAGE={base}"
+    assert ["buildah", "push", image] in commands
+    assert commands.index(["buildah", "push", image]) > commands.index(build)
+    # the chart renders that name once image.repository is set to it
+    container = _container(_objects({"image": {"repository": image.rsplit(":", 1)[0]}}))
+    assert container["image"] == image
+    # no builder: one line, and nothing run
+    res = subprocess.run([_tool("make", "make"), "--no-print-directory", "-C", str(ROOT), "image", "CONTAINER_TOOL="],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "podman or buildah" in res.stderr, res.stderr
+
+
+def test_chart_says_the_image_must_be_built_and_pushed_first():
+    helm = _helm()
+    notes = {}
+    with helm.Chart.load(str(CHART)) as chart:
+        for key, values in (("default", {}), ("registry", {"image": {"repository": "registry.example/reflexarc"}})):
+            out = chart.render(values, name="reflexarc", namespace="reflexarc", is_install=True)
+            notes[key] = out["reflexarc/templates/NOTES.txt"]
+    for text in notes.values():
+        assert "must be built and pushed first" in text and "make image IMAGE=" in text and "PUSH=1" in text
+    assert "ErrImagePull" in notes["default"] and "ErrImagePull" not in notes["registry"]
+    assert "make image IMAGE=registry.example/reflexarc:0.1.0 PUSH=1" in notes["registry"]
+    readme = (CHART / "README.md").read_text()
+    assert "Build and push the image first" in readme and "make image IMAGE=" in readme
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    assert "**Build and push the image first**" in doc and "make image IMAGE=" in doc
+
+
 # --- docs/deploy.md -------------------------------------------------------------------------
 def test_deploy_doc_covers_the_capabilities_and_mounts(tmp_path):
     doc = (ROOT / "docs" / "deploy.md").read_text()
@@ -745,3 +946,133 @@ def test_deploy_doc_covers_the_capabilities_and_mounts(tmp_path):
                          capture_output=True, text=True)
     score = re.search(r"Overall exposure level for reflexarc.service: ([0-9.]+)", res.stdout)
     assert stated and score and stated.group(1) == score.group(1), (stated, res.stdout[-200:])
+
+
+def _doc_mount_table() -> dict[str, tuple[str | None, bool]]:
+    """Volume name -> (host path or None, read-only) from the mount table of docs/deploy.md."""
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    start = doc.index("| mount | host path | mode | what for |")
+    rows = {}
+    for line in doc[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        name_col, path_col, mode_col = [c.strip() for c in line.strip("|").split("|")[:3]]
+        names, paths = re.findall(r"`([^`]+)`", name_col), re.findall(r"`(/[^`]*)`", path_col)
+        assert not paths or len(paths) == len(names), line
+        for i, name in enumerate(names):
+            rows[name] = (paths[i] if paths else None, mode_col.split(",")[0].strip() == "ro")
+    return rows
+
+
+def test_daemonset_matches_what_the_docs_say():
+    """What docs/deploy.md tells an operator the pod gets is what the chart
+    renders: the host namespaces, every host mount with its mode, the
+    capabilities, and the hook directory a training pod must mount."""
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    objs = _objects({"policies": {"numa.yaml": FULL["policies"]["numa.yaml"]}})   # the policies mount too
+    spec = objs[("DaemonSet", "reflexarc")]["spec"]["template"]["spec"]
+    c = _container(objs)
+    for field in ("hostPID", "hostNetwork"):
+        assert f"**`{field}: true`**" in doc and spec[field] is True, field
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    table = _doc_mount_table()
+    host_volumes = {n for n, v in volumes.items() if "hostPath" in v}
+    assert host_volumes <= set(table), f"host paths the docs do not name: {host_volumes - set(table)}"
+    for name, (path, ro) in table.items():
+        assert name in volumes and name in mounts, f"docs name a mount {name} the DaemonSet lacks"
+        if path is None:
+            assert "hostPath" not in volumes[name], name
+            continue
+        assert volumes[name]["hostPath"]["path"] == path, (name, volumes[name])
+        assert mounts[name]["mountPath"] == path, (name, mounts[name])
+        assert bool(mounts[name].get("readOnly")) == ro, (name, mounts[name])
+    for path in ("/lib/modules", "/usr/src", "/sys/kernel/tracing", "/sys/fs/bpf", "/sys/fs/cgroup"):
+        assert path in {p for p, _ in table.values()}, path
+    sc = c["securityContext"]
+    listed = re.search(r"`capabilities\.drop: \[ALL\]` and `add: \[([^\]]*)\]`", doc, re.S)
+    assert listed, "docs/deploy.md no longer lists the pod's capabilities"
+    assert set(re.split(r"[,\s]+", listed.group(1).strip())) == set(sc["capabilities"]["add"])
+    assert sc["capabilities"]["drop"] == ["ALL"] and sc["privileged"] is False and "**not privileged**" in doc
+    assert "`sysAdmin: true` adds `SYS_ADMIN`" in doc
+    assert "SYS_ADMIN" in _container(_objects({"sysAdmin": True}))["securityContext"]["capabilities"]["add"]
+    # the hook directory: where the controller reads, and the host path the docs tell training pods to mount
+    args = c["args"]
+    hook_dir = args[args.index("--hook-dir") + 1]
+    assert f"`--hook-dir {hook_dir}`" in doc and f"**the host path `{_host_path(spec, c, hook_dir)}`**" in doc
+
+
+def _host_path(spec: dict, container: dict, path: str) -> str:
+    """The node's path behind ``path`` in ``container``, through its hostPath mounts."""
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    best = max((m for m in container["volumeMounts"] if "hostPath" in volumes[m["name"]]
+                and (path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/"))),
+               key=lambda m: len(m["mountPath"]))
+    return volumes[best["name"]]["hostPath"]["path"].rstrip("/") + path[len(best["mountPath"].rstrip("/")):]
+
+
+TRAINING_POD = DEPLOY / "examples" / "training-pod-hooks.yaml"
+
+
+def test_training_pod_example_serves_hooks_where_the_controller_reads():
+    """deploy/examples/training-pod-hooks.yaml is a valid pod that shares the
+    node's PID namespace and mounts the node's hook directory, the one the
+    chart's controller reads, where the hooks client looks; its init container
+    makes the job directory the trainer's uid serves in (docs/hooks.md)."""
+    kv = _kv()
+    pod = yaml.safe_load(TRAINING_POD.read_text())
+    for version in K8S_VERSIONS:
+        kv.validate(pod, version, strict=True)
+    spec = pod["spec"]
+    assert spec["hostPID"] is True
+    ds = _objects()[("DaemonSet", "reflexarc")]["spec"]["template"]["spec"]
+    agent = ds["containers"][0]
+    node_hooks = _host_path(ds, agent, agent["args"][agent["args"].index("--hook-dir") + 1])
+    from reflexarc.actuators.hooks import DEFAULT_HOOK_DIR, socket_dir
+    (trainer,) = spec["containers"]
+    env = {e["name"]: e["value"] for e in trainer.get("env", [])}
+    hook_dir = env.get("REFLEXARC_HOOK_DIR", DEFAULT_HOOK_DIR)
+    assert _host_path(spec, trainer, hook_dir) == node_hooks, (hook_dir, node_hooks)
+    uid = trainer["securityContext"]["runAsUser"]
+    job = trainer["command"][trainer["command"].index("--job") + 1]
+    (init,) = spec["initContainers"]
+    cmd = init["command"]
+    assert cmd[:2] == ["install", "-d"] and init["securityContext"]["runAsUser"] == 0
+    made = cmd[-1]
+    assert _option(cmd, "-o") == str(uid) and _option(cmd, "-m") == "0700"
+    assert _host_path(spec, init, made) == _host_path(spec, trainer, socket_dir(hook_dir, job, uid))
+
+
+SCRAPE_CONFIG = DEPLOY / "prometheus" / "scrape-config.yml"
+
+
+def test_plain_prometheus_scrape_config(tmp_path):
+    """Without the operator, deploy/prometheus/scrape-config.yml scrapes what
+    the ServiceMonitor would: the chart's pods, port metrics, the dashboard's
+    scrape job, honor_labels, node from the pod's node. promtool checks the
+    rest of it with the pod discovery swapped for a static target (Debian's
+    Prometheus is built without Kubernetes discovery)."""
+    (job,) = yaml.safe_load(SCRAPE_CONFIG.read_text())["scrape_configs"]
+    scrape_job = next(v for v in _dashboard()["templating"]["list"] if v["name"] == "job")["query"]
+    assert job["job_name"] == scrape_job and job["honor_labels"] is True and job["metrics_path"] == "/metrics"
+    (sd,) = job["kubernetes_sd_configs"]
+    render = _render_module()
+    assert sd["role"] == "pod" and sd["namespaces"]["names"] == [render.NAMESPACE]
+    objs = _objects()
+    pod = objs[("DaemonSet", "reflexarc")]["spec"]["template"]
+    keep = {r["source_labels"][0]: r["regex"] for r in job["relabel_configs"] if r["action"] == "keep"}
+    assert keep["__meta_kubernetes_pod_label_app_kubernetes_io_name"] == pod["metadata"]["labels"]["app.kubernetes.io/name"]
+    assert keep["__meta_kubernetes_pod_container_port_name"] in {p["name"] for p in _container(objs)["ports"]}
+    assert {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node", "action": "replace"} \
+        in job["relabel_configs"]
+    promtool = _tool("promtool", "prometheus")
+    static = dict(job)
+    del static["kubernetes_sd_configs"]
+    static["static_configs"] = [{"targets": ["10.0.0.7:9464"]}]
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump({"scrape_configs": [static]}))
+    res = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    static["relabel_configs"] = [*job["relabel_configs"], {"action": "kepp", "regex": "x"}]
+    path.write_text(yaml.safe_dump({"scrape_configs": [static]}))
+    assert subprocess.run([promtool, "check", "config", str(path)], capture_output=True).returncode != 0

@@ -13,6 +13,9 @@ from pathlib import Path
 
 from conftest import require_bpf, two_node_sys
 from netns import NetnsPair
+import pytest
+
+pytestmark = [pytest.mark.kernel, pytest.mark.netns]
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 
@@ -69,7 +72,8 @@ def test_each_actuator_dry_run_diff_is_in_the_report(tmp_path):
                 if actuator == "framework_hook":
                     args = [args[0], "args=" + args[1], "--job", "dry"]
                 extra = ["--proc-root", str(proc)] if actuator == "sysctl" else []
-                r = subprocess.run(base[:3] + extra + base[3:] + ["act", actuator, *args], capture_output=True,
+                r = subprocess.run(base[:3] + extra + base[3:] + ["act", actuator, *args, "--json"],
+                                   capture_output=True,
                                    text=True, timeout=120)
                 assert r.returncode == 0, f"{actuator}: {r.stderr}"
                 assert json.loads(r.stdout)["outcome"] == "planned", r.stdout

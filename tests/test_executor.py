@@ -15,7 +15,7 @@ class Flaky(Actuator):
     def __init__(self):
         self.value, self.attempts, self.reverts = 0, 0, 0
 
-    def read_current(self, target):
+    def read_current(self, target, params=None):
         return self.value
 
     def plan(self, target, params):
@@ -33,7 +33,12 @@ class Flaky(Actuator):
         if mode == "half":
             self.value = 1            # half-applied, then fails
             raise PermanentActuatorError("second half failed")
+        if mode == "silent":
+            return                    # says nothing, takes nothing: only a read-back tells
         self.value = change.after
+
+    def drift(self, change):
+        return None if self.value == change.after else f"value is {self.value}, not {change.after}"
 
     def revert(self, change):
         self.reverts += 1
@@ -88,3 +93,40 @@ def test_torn_last_journal_line_is_ignored(tmp_path):
     again = Journal(tmp_path / "j.jsonl")
     assert [e.state for e in again.open_entries()] == ["applied"]
     again.close()
+
+
+def test_a_change_that_does_not_read_back_is_undone_and_fails_the_step(tmp_path):
+    act, ex, journal = setup(tmp_path)
+    res = ex.act("flaky", Target(), {"fail": "silent"}, "enforce")
+    assert res.outcome == "failed" and "read back otherwise (value is 0, not 1)" in res.error
+    assert act.reverts == 1 and act.value == 0
+    assert journal.open_entries() == []
+    assert journal.get(res.journal_id).state == "failed"
+
+
+def test_drift_of_an_open_entry_is_what_the_system_no_longer_shows(tmp_path):
+    act, ex, journal = setup(tmp_path)
+    res = ex.act("flaky", Target(), {}, "enforce")
+    entry = journal.get(res.journal_id)
+    assert ex.drifted(entry) is None
+    act.value = 5                     # changed behind the executor's back
+    assert ex.drifted(entry) == "value is 5, not 1"
+
+
+def test_every_actuator_reads_the_system_with_one_signature():
+    import importlib
+    import inspect
+    import pkgutil
+
+    import reflexarc.actuators as package
+    for mod in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"reflexarc.actuators.{mod.name}")
+    importlib.import_module("reflexarc.simulations.sim_actuators")
+    seen, todo = [], list(Actuator.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if "read_current" in vars(cls) and cls.__module__.startswith("reflexarc."):
+            seen.append(cls.__name__)
+            assert list(inspect.signature(cls.read_current).parameters) == ["self", "target", "params"], cls
+    assert {"AffinityActuator", "DscpActuator", "SysctlActuator"} <= set(seen)

@@ -131,6 +131,22 @@ def test_gpu_gap_alert_requires_a_gpu(repo_root, tmp_path):
     assert "idle on this node" not in with_gpu and "not here: no GPU" not in with_gpu
 
 
+def test_without_this_node_explain_says_what_it_did_not_check(repo_root):
+    from reflexarc.controller.readiness import CatalogueFacts
+    text = said(repo_root, "gpu-submit-gap", CatalogueFacts("not root"))
+    assert_says(
+        text,
+        "from NVML (nvidia-ml-py on a node with a GPU): not checked (not root)",
+        "from probe gpu_submit (light tier, always on): not checked (not root)",
+        f"readiness here: {repo_root}/policies/gpu-gap-alert.yaml:10:5: warning: policy gpu-submit-gap "
+        "(alert-only) sends alerts, but no alert receiver is configured",
+    )
+    assert "idle on this node" not in text and "can run here" not in text
+    quiet = said(repo_root, "gpu-submit-gap", CatalogueFacts("not root"), receiver=True)
+    assert_says(quiet, "readiness here: nothing in the signal catalogue keeps it from working (this node not "
+                       "checked: not root).")
+
+
 def test_rdma_deep_tracing_requires_rdma(repo_root, tmp_path):
     text = said(repo_root, "rdma-deep-tracing", node(tmp_path))
     assert_says(

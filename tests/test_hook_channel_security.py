@@ -31,6 +31,8 @@ from reflexarc.controller.metrics import ControllerMetrics
 from reflexarc.controller.policy.model import Selector
 from reflexarc.controller.sources import HookSource
 
+pytestmark = [pytest.mark.kernel]
+
 NOBODY = 65534
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 

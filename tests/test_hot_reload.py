@@ -33,6 +33,8 @@ from reflexarc.controller.policy.loader import load_policies
 from reflexarc.controller.producers import NodeFacts
 from reflexarc.controller.reload import SIGHUP, PolicyFiles, Reloader
 
+pytestmark = [pytest.mark.kernel]
+
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 DEADLINE = 90.0     # seconds for any one thing to happen; it normally takes one or two
 

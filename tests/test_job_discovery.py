@@ -22,6 +22,8 @@ from reflexarc.core.cgroups import cgroup2_root
 from reflexarc.core.jobs import Discovery
 from reflexarc.core.launchers import Malformed, from_environ, recognised
 
+pytestmark = [pytest.mark.kernel]
+
 SECRET = "hunter2-s3cr3t-token-value"
 # A training process that forks one DataLoader-like worker (renamed as torch names
 # its workers) and a helper child that keeps the environment, then waits.
@@ -218,13 +220,15 @@ def test_two_jobs_on_one_node_each_with_its_own_ranks_and_processes(two_jobs):
     assert set(slurm.trainers[0].processes) == {slurm_job.pid, *children(slurm_job.pid)}
     assert {"environ TORCHELASTIC_RUN_ID", "environ RANK", "kubelet systemd cgroup"} <= set(llama.evidence)
     assert "slurm cgroup" in slurm.evidence
-    unattributed = jobs[""]
-    assert bare.pid in [t.pid for t in unattributed.trainers], "a DataLoader owner with no job is listed as such"
+    bare_job = jobs[f"python-{bare.pid}"]
+    assert [(t.pid, t.rank) for t in bare_job.trainers] == [(bare.pid, None)], "started by hand: a job of its own"
+    assert bare_job.evidence == ["process"] and "" not in jobs
+    assert set(bare_job.trainers[0].processes) == {bare.pid, *children(bare.pid)}
     # every process is labelled through its training process, workers included
     worker = next(c for c in children(pod_job.pid) if Path(f"/proc/{c}/comm").read_text().strip() == "pt_data_worker")
     assert d.identity(worker).labels() == {"job": "llama-7b", "rank": "1", "pod": uid}
     assert d.identity(slurm_job.pid).labels() == {"job": "slurm-4242", "rank": "0"}
-    assert d.identity(bare.pid) is None
+    assert [d.identity(p).labels() for p in (bare.pid, *children(bare.pid))] == [{"job": f"python-{bare.pid}"}] * 3
     assert Discovery(fallback="by-hand").identity(bare.pid).job == "by-hand"
     assert Discovery(fallback="by-hand").identity(pod_job.pid).job == "llama-7b", "--job never relabels a found job"
     assert SECRET not in repr(d._known) and SECRET not in repr(d.jobs())
@@ -269,6 +273,66 @@ def test_bad_environments_are_skipped_with_a_counted_reason(tmp_path):
     d.refresh()
     assert dict(d.skipped) == {"vanished": 1, "malformed": 2, "oversized": 1}
     assert [j.name for j in d.jobs()] == ["ok"]
+
+
+def test_a_job_started_by_no_launcher_is_a_job_of_its_own(tmp_path):
+    """A DataLoader owner with no launcher environment, pod or Slurm cgroup is a job
+    named after its script and pid: its workers and helpers follow it, for its
+    life, two such differ, ``--job`` comes first, and nothing else of its
+    command line or environment is kept."""
+    from reflexarc.controller.jobs_view import format_jobs
+    root = tmp_path / "proc"
+
+    def proc(pid: int, comm: str, ppid: int, *argv: str, environ: bytes = env_blob(DB_PASSWORD=SECRET)) -> None:
+        d = fixture_proc(root, pid, comm, environ, ppid)
+        (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
+
+    proc(100, "bash", 1, "-bash")
+    proc(20, "python3", 100, "/usr/bin/python3", "-u", "/srv/exp/sleepy_trainer.py", "--token", SECRET, "x.py")
+    proc(21, "pt_data_worker", 20)
+    proc(22, "pt_data_worker", 20)
+    proc(23, "python3", 20, "/usr/bin/python3", "-c", "helper")            # a helper: follows its trainer
+    proc(30, "python3", 100, "python3", "/srv/exp/sleepy_trainer.py")       # the same script, once more
+    proc(31, "pt_data_worker", 30)
+    proc(40, "python", 100, "python", "-m", "my pkg.train", "--lr=0.1")
+    proc(41, "pt_data_worker", 40)
+    proc(50, "python", 100, "python", "-c", f"run('{SECRET}.py')", "b.py")
+    proc(51, "pt_data_worker", 50)
+    proc(60, "python3", 100, "python3", "reader.py")                        # no workers: no job
+    llama = env_blob(TORCHELASTIC_RUN_ID="llama", RANK="0")
+    proc(70, "python3", 100, "python3", "train.py", environ=llama)
+    proc(71, "pt_data_worker", 70, environ=llama)
+    d = Discovery(str(root))
+    d.refresh()
+    jobs = {j.name: j for j in d.jobs()}
+    assert sorted(jobs) == ["llama", "my_pkg.train-40", "python-50", "sleepy_trainer.py-20", "sleepy_trainer.py-30"]
+    own = jobs["sleepy_trainer.py-20"]
+    assert own.evidence == ["process"] and [(t.pid, t.rank) for t in own.trainers] == [(20, None)]
+    assert sorted(own.trainers[0].processes) == [20, 21, 22, 23]
+    assert own.as_dict()["ranks"][0]["launcher"] == ""
+    assert [d.identity(p).labels() for p in (20, 21, 22, 23)] == [{"job": "sleepy_trainer.py-20"}] * 4
+    assert d.identity(30).job == "sleepy_trainer.py-30", "two jobs started by hand are two jobs"
+    assert d.identity(60) is None and d.identity(100) is None, "a process with no workers is no job"
+    assert d.identity(71).job == "llama" and "environ TORCHELASTIC_RUN_ID" in jobs["llama"].evidence
+    table = format_jobs(d.jobs(), d.skipped)
+    assert "sleepy_trainer.py-20: found by process" in table
+    assert ["sleepy_trainer.py-20", "-", "-", "-", "20", "4", "-", "-"] in [line.split() for line in table.splitlines()]
+    assert SECRET not in repr(d._known) + repr(d.jobs()) + table
+    # between two sets of workers (an epoch's turn), and with a new one: the same job
+    for worker in ("21", "22"):
+        for f in sorted((root / worker).rglob("*"), reverse=True):
+            f.rmdir() if f.is_dir() else f.unlink()
+        (root / worker).rmdir()
+    d.refresh()
+    assert sorted({j.name: j for j in d.jobs()}["sleepy_trainer.py-20"].trainers[0].processes) == [20, 23]
+    proc(24, "pt_data_worker", 20)
+    assert d.identity(24).job == "sleepy_trainer.py-20"
+    # --job names the training processes with no launcher, pod or Slurm job, not a job that was found
+    named = Discovery(str(root), fallback="by-hand")
+    named.refresh()
+    assert {j.name: sorted(t.pid for t in j.trainers) for j in named.jobs()} == {"by-hand": [20, 30, 40, 50],
+                                                                                  "llama": [70]}
+    assert [named.identity(p).job for p in (20, 24, 23, 30, 71)] == ["by-hand"] * 4 + ["llama"]
 
 
 def test_unreadable_environments_are_counted_not_raised():

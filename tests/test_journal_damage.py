@@ -12,6 +12,7 @@ changes (the affinity actuator on a sleeping child, pinned to CPU 1) through the
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -81,7 +82,7 @@ class Node:
 
     def act(self, pid: int) -> subprocess.CompletedProcess:
         return self.rx("act", "affinity", "cpus=1", "--label", f"pid={pid}", "--process", "sleep",
-                       "--mode", "enforce")
+                       "--mode", "enforce", "--json")
 
     def run(self) -> subprocess.CompletedProcess:
         return self.rx("run", "--no-probes", "--duration", "0", "--policy", str(self.tmp / "policy.yaml"),
@@ -184,12 +185,12 @@ def test_an_immutable_journal_refuses_new_changes_and_rollback_still_reverts(nod
     assert node.journal.read_bytes() == recorded
 
     listing = node.rx("journal")
-    assert listing.returncode == 0 and listing.stdout.startswith(f"{jid} applied   affinity")
+    assert listing.returncode == 0 and listing.stdout.splitlines()[1].startswith(f"{jid} applied   affinity")
 
     file_attrs.clear(node.journal)
     again = node.rx("rollback", "--all")                         # writable again: recorded now
     assert again.returncode == 0, again.stderr
-    assert node.rx("journal").stdout.startswith(f"{jid} reverted  affinity")
+    assert node.rx("journal").stdout.splitlines()[1].startswith(f"{jid} reverted  affinity")   # below the heading
 
 
 def test_run_on_an_immutable_journal_reverts_and_goes_on(node, file_attrs):
@@ -208,7 +209,8 @@ def test_an_append_only_journal_is_kept_uncompacted_and_run_goes_on(node, file_a
     r = node.run()
     assert r.returncode == 0, r.stderr
     assert sorted(os.sched_getaffinity(pid)) == ALL_CPUS
-    reconciled, warning = r.stderr.splitlines()
+    told = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")     # the narrated lines of what it did
+    reconciled, warning = [line for line in r.stderr.splitlines() if not told.match(line)]
     assert reconciled.startswith("reconciled at start: ") and reconciled.endswith(" affinity reverted"), reconciled
     assert warning.endswith(f"journal {node.journal} not compacted (Operation not permitted): "
                             "going on with it uncompacted")

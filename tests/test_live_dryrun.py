@@ -15,6 +15,9 @@ import time
 from pathlib import Path
 
 from conftest import ROOT, require_bpf
+import pytest
+
+pytestmark = [pytest.mark.kernel]
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 

@@ -44,6 +44,8 @@ from reflexarc.controller.signal_metrics import SignalCollector, exported
 from reflexarc.controller.signals import CATALOGUE
 from reflexarc.controller.sources import ProbeSource
 
+pytestmark = [pytest.mark.kernel]
+
 RX = [str(ROOT / ".venv" / "bin" / "reflexarc")]
 PROMTOOL = "/usr/bin/promtool"
 NODE = os.uname().nodename

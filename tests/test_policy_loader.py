@@ -140,7 +140,8 @@ ERROR_CASES = {
         (11, 19, "'escalate' must be true or false, got a string 'yes'"),
         (14, 30, "'count' must be an integer, got a number (1.5)")],
     "invalid/bad-threshold.yaml": [
-        (5, 81, "bad threshold '3 times baseline': use a number (e.g. 200) or '<factor>x baseline'"),
+        (5, 81, "bad threshold '3 times baseline': use a number (e.g. 200), a duration for a time signal "
+                "(e.g. '5ms') or '<factor>x baseline'"),
         (8, 81, "bad threshold '0x baseline': the factor must be greater than 0")],
     "invalid/label-not-carried.yaml": [
         (7, 19, "signal 'dataloader_read_latency_us' has no label 'quantil'; did you mean 'quantile'?"),
@@ -555,3 +556,78 @@ def test_diagnostic_text_is_compiler_style():
     d = Diagnostic("p.yaml", 3, 7, "warning", "look here")
     assert str(d) == "p.yaml:3:7: warning: look here"
     assert sorted([Diagnostic("p.yaml", 9, 1, "error", "b"), d])[0] is d
+
+
+TIMED = """\
+policies:
+  - name: timed
+    rules:
+      - name: r
+        when: {{signal: {signal}, agg: {agg}, window: 30s, op: ">", threshold: {threshold}}}
+        actions: [{{actuator: log}}]
+"""
+
+
+@pytest.mark.parametrize("signal,threshold,value", [
+    ("step_time_ms", "5ms", 5.0), ("step_time_ms", "0.3s", 300.0), ("step_time_ms", "1500us", 1.5),
+    ("step_time_ms", "2m", 120_000.0), ("tcp_srtt_us", "5ms", 5000.0), ("tcp_srtt_us", "0.3ms", 300.0),
+    ("dataloader_batch_wait_ms", "250 ms", 250.0), ("step_time_ms", "400", 400.0),
+])
+def test_a_duration_threshold_of_a_time_signal_is_in_the_signal_s_unit(tmp_path, signal, threshold, value):
+    (policy,) = load_policies([_write(tmp_path, "t.yaml", TIMED.format(signal=signal, agg="max",
+                                                                       threshold=threshold))])
+    cond = policy.rules[0].when
+    assert cond.threshold == value and not cond.relative
+
+
+@pytest.mark.parametrize("signal,agg,message", [
+    ("numa_remote_ratio", "max", "threshold '5ms' is a duration, but signal 'numa_remote_ratio' is not a time "
+                                 "(its unit is 'ratio'): write a number in its unit"),
+    ("link_utilization_pct", "mean", "threshold '5ms' is a duration, but signal 'link_utilization_pct' is not a "
+                                     "time (its unit is '%'): write a number in its unit"),
+    ("step_time_ms", "count", "threshold '5ms' is a duration, but the count of 'step_time_ms' is not a time: "
+                              "write a number"),
+])
+def test_a_duration_threshold_of_anything_else_is_a_located_error(tmp_path, signal, agg, message):
+    text = TIMED.format(signal=signal, agg=agg, threshold="5ms")
+    policies, diagnostics = validate_paths([_write(tmp_path, "t.yaml", text)])
+    assert policies == []
+    col = text.splitlines()[4].index("5ms") + 1
+    assert [(d.line, d.col, d.message) for d in _errors(diagnostics)] == [(5, col, message)]
+
+
+PINNED = """\
+policies:
+  - name: pinned
+    selector: {{pids: [1234]}}
+    rules:
+      - name: r
+        when: {{signal: step_time_ms, agg: max, window: 30s, op: ">", threshold: 400}}
+        actions:
+          - {{actuator: affinity, params: {{cpus: {cpus}}}}}
+        rollback: {{on: [clear]}}
+"""
+
+
+@pytest.mark.parametrize("cpus,text,expected", [
+    ('"0-1"', "0-1", [0, 1]), ("[0, 1]", "0,1", [0, 1]), ("[1, 0, 1]", "1,0", [0, 1]),
+    ('"0,2-3"', "0,2-3", [0, 2, 3]), ('" 4 - 5 "', "4-5", [4, 5]),
+])
+def test_cpus_read_alike_in_a_policy_and_on_the_act_command_line(tmp_path, cpus, text, expected):
+    """A policy's list or CPU list text and ``act affinity cpus=TEXT`` go through one parser."""
+    from reflexarc.core.params import check_params
+    (policy,) = load_policies([_write(tmp_path, "p.yaml", PINNED.format(cpus=cpus))])
+    assert policy.rules[0].actions[0].params["cpus"] == expected
+    assert check_params(SPECS["affinity"], {"cpus": text})["cpus"] == expected
+
+
+def test_bad_cpus_are_located_errors(tmp_path):
+    cases = {'"3-1"': "range '3-1' runs backwards", '"x"': "'x' is not a CPU or a range",
+             '"0-99999999999"': "CPU 99999999999 is out of range: CPUs are numbered 0-8191",
+             "0": "must be a list of CPUs or a CPU list such as '0-3,8', got an integer (0)",
+             "[0, 9000]": "item of parameter 'cpus' of 'affinity' is out of range (0..8191), got 9000"}
+    for cpus, words in cases.items():
+        text = PINNED.format(cpus=cpus)
+        policies, diagnostics = validate_paths([_write(tmp_path, "p.yaml", text)])
+        [error] = _errors(diagnostics)
+        assert policies == [] and error.line == 8 and words in error.message, (cpus, diagnostics)

@@ -10,6 +10,9 @@ import sys
 from conftest import require_root
 
 from reflexarc.controller.policy.trust import untrusted
+import pytest
+
+pytestmark = [pytest.mark.kernel]
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 NOBODY = 65534

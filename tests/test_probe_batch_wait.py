@@ -28,7 +28,7 @@ from reflexarc.bpf.batch_wait import BatchWait, data_queue_fds, pipe_ends
 from reflexarc.bpf.probe import DEGRADED, OK, UNSUPPORTED, Selection
 from reflexarc.controller.signals import CATALOGUE
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel]
 
 WORKLOAD = ROOT / "tests" / "workloads" / "sleepy_trainer.py"
 INTERVAL = 0.5

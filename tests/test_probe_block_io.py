@@ -19,6 +19,8 @@ from reflexarc.bpf.block_io import BlockIo
 from reflexarc.bpf.probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures
 from reflexarc.controller.signals import CATALOGUE
 
+pytestmark = [pytest.mark.kernel]
+
 SMALL_READS = 64
 BIG_READS = 16
 

@@ -21,6 +21,9 @@ from reflexarc.bpf.probe import OK, Selection
 from reflexarc.controller.cli import _selection
 from reflexarc.controller.policy.loader import load_policies
 from reflexarc.core.cgroups import cgroup2_root
+import pytest
+
+pytestmark = [pytest.mark.kernel]
 
 CALLS = 300
 

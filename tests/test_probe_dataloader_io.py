@@ -23,10 +23,13 @@ import time
 from conftest import ROOT, fake_tracefs, require, require_bpf
 from workloads.slow_reads import INDEX_READS, PipeDelayDataset
 
-from reflexarc.actuators.framework_hook import ranks_by_pid
+from reflexarc.actuators.framework_hook import served_by_pid
 from reflexarc.bpf.dataloader_io import READ_SYSCALLS, DataloaderIo
 from reflexarc.bpf.probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Selection
 from reflexarc.controller.signals import CATALOGUE
+import pytest
+
+pytestmark = [pytest.mark.kernel]
 
 DELAY_S = 0.002
 ITEMS = 400
@@ -136,7 +139,7 @@ def test_workers_of_every_epoch_carry_their_training_process(tmp_path):
             time.sleep(0.1)
             samples.extend(probe.collect(time.time()))
             if not ranks and lines:
-                ranks = ranks_by_pid(str(hooks))
+                ranks = {pid: rank for pid, (rank, _) in served_by_pid(str(hooks)).items()}
         reader.join(10)
         samples.extend(probe.collect(time.time()))
     finally:

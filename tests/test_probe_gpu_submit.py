@@ -22,6 +22,9 @@ from conftest import gpu_dev, require_bpf
 from reflexarc.bpf.gpu_submit import GpuSubmit
 from reflexarc.bpf.probe import OK, UNSUPPORTED, Selection
 from reflexarc.controller.signals import CATALOGUE
+import pytest
+
+pytestmark = [pytest.mark.kernel]
 
 CALLS, GAP_S = 200, 0.005
 

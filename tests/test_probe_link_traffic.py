@@ -35,6 +35,8 @@ from reflexarc.bpf.link_traffic import (CLSACT, COUNTERS, FILTER_HANDLE, FILTER_
 from reflexarc.bpf.probe import DEGRADED, OK, STOPPED, UNSUPPORTED, Selection
 from reflexarc.core.cgroups import cgroup2_root
 
+pytestmark = [pytest.mark.kernel, pytest.mark.netns]
+
 TAG = f"lt{os.getpid() % 10000}"
 JOB_BYTES, OTHER_BYTES = 12 << 20, 5 << 20
 PORT = 15401

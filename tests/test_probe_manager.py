@@ -27,6 +27,8 @@ from reflexarc.controller.top import format_event
 from reflexarc.core.procfs import ProcFS
 from reflexarc.core.topology import NodeMap, Topology
 
+pytestmark = [pytest.mark.kernel]
+
 COMM = f"rxw{os.getpid() % 100000}"
 
 WORKER = r"""

@@ -21,6 +21,9 @@ from netns import NetnsPair
 from reflexarc.bpf.net_tcp import NetTcp, format_flow, port_bitmap
 from reflexarc.bpf.probe import OK, Selection
 from reflexarc.controller.signals import CATALOGUE
+import pytest
+
+pytestmark = [pytest.mark.kernel, pytest.mark.netns]
 
 SELECTED, OTHER = 15201, 15202
 SEND_S = 1.5

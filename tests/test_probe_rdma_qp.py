@@ -17,6 +17,9 @@ from fixtures.fakeverbs import POLL, POST, FakeVerbs
 from reflexarc.bpf.probe import DEGRADED, STOPPED, UNSUPPORTED
 from reflexarc.bpf.rdma_qp import RdmaQp
 from reflexarc.controller.signals import CATALOGUE
+import pytest
+
+pytestmark = [pytest.mark.kernel]
 
 SLOW_US, FAST_US, ITERATIONS = 400, 2, 200
 

@@ -31,6 +31,8 @@ from reflexarc.bpf.sched_numa import SchedNuma, numa_maps_kb
 from reflexarc.controller.signals import CATALOGUE
 from reflexarc.core.topology import NodeMap, Topology
 
+pytestmark = [pytest.mark.kernel]
+
 SPINNER = r"""
 import ctypes, sys, time
 ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)   # PR_SET_NAME

@@ -6,6 +6,9 @@ import subprocess
 import sys
 
 from conftest import require_bpf
+import pytest
+
+pytestmark = [pytest.mark.kernel]
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 LIGHT = ("dataloader_io", "sched_numa", "block_io", "gpu_submit", "net_tcp")

@@ -313,3 +313,25 @@ def test_revert_fails_naming_the_thread_whose_mask_reads_back_otherwise(tmp_path
     # The true originals revert and read back without error.
     act.revert(change)
     assert masks(job.workers) == originals
+
+
+def test_the_affinity_guard_never_takes_unreadable_proc_for_nothing_to_refuse(sleeper):
+    """The lenient guard of old answered None (nothing to refuse) for a process
+    it could not read; the affinity actuator's guard reads strictly."""
+    out = in_child(r"""
+        from reflexarc.actuators.affinity import AffinityActuator
+        from reflexarc.core.procfs import ProcFS
+        from reflexarc.core.targets import ProcessGuard
+        live = int(sys.argv[1])
+        strict, lenient = AffinityActuator().guard, ProcessGuard(ProcFS())
+        held = exhaust()
+        out = {"strict": outcome(lambda: strict.touch(live)), "lenient": outcome(lambda: lenient.touch(live)),
+               "strict_kthread": outcome(lambda: strict.touch(2))}
+        free(held)
+        out["strict_again"] = outcome(lambda: strict.touch(live))
+        say(out)
+    """, sleeper.pid)
+    assert raised(out["strict"], "ProcUnreadable") and out["strict"]["errno"] == 24, out["strict"]
+    assert out["lenient"] == {"value": None}
+    assert raised(out["strict_kthread"], "ProcUnreadable"), out["strict_kthread"]
+    assert out["strict_again"] == {"value": None}

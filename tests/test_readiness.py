@@ -11,7 +11,7 @@ from conftest import ROOT
 
 from reflexarc.controller.policy.loader import load_policies
 from reflexarc.controller.producers import NodeFacts, Producer, why_unproduced
-from reflexarc.controller.readiness import findings, idle_reason
+from reflexarc.controller.readiness import CatalogueFacts, findings, idle_reason
 from reflexarc.controller.signals import CATALOGUE, PRODUCERS
 from reflexarc.controller.sources import NvmlSource
 from reflexarc.core.devices import Devices
@@ -47,7 +47,8 @@ def test_every_shipped_policy_signal_has_a_producer_here():
     found = findings(policies, facts, receiver=False)
     assert [f for f in found if f.severity != "note"] == [], "\n".join(map(str, found))
     idle = {p.name for p in policies if idle_reason(p, facts)}
-    assert idle == {p.name for p in policies if p.requires} and idle <= {"gpu-submit-gap", "rdma-deep-tracing", "rank-straggler"}
+    assert idle == {p.name for p in policies if p.requires}
+    assert idle <= {"gpu-submit-gap", "rdma-deep-tracing", "rank-straggler", "pcie-aer-alert"}
 
 
 def test_validate_of_the_shipped_policies_prints_no_warning():
@@ -89,7 +90,7 @@ def test_unknown_required_device_is_a_located_error(tmp_path):
     policy.write_text(GPU_POLICY.replace("    rules:", "    requires: [tpu]\n    rules:"))
     r = rx("validate", str(policy))
     assert r.returncode == 1
-    assert f"{policy}:4:16: error: unknown device 'tpu' in 'requires' (known: gpu, rdma)" in r.stdout
+    assert f"{policy}:4:16: error: unknown device 'tpu' in 'requires' (known: gpu, rdma, pcie_aer)" in r.stdout
 
 
 def test_devices_are_read_from_the_given_roots(tmp_path):
@@ -104,6 +105,35 @@ def test_devices_are_read_from_the_given_roots(tmp_path):
     facts = NodeFacts(devices)
     assert facts.why_not(Producer("probe", "gpu_submit", device="gpu")) is None
     assert why_unproduced("gpu_utilization_pct", NodeFacts(devices, promql=True)) is None
+
+
+def test_catalogue_facts_judge_from_the_catalogue_and_the_given_promql_configuration(tmp_path):
+    """Without this node (a user who is not root): no device, probe, interface or
+    job finding; a PromQL requirement and an alert with no receiver still are."""
+    policy = tmp_path / "x.yaml"
+    policy.write_text(GPU_POLICY.replace("    rules:", "    requires: [gpu]\n    selector: {interfaces: [nosuch0], "
+                                         "jobs: [nosuch]}\n    rules:"))
+    policies = load_policies([str(policy)])
+    facts = CatalogueFacts("not root")
+    assert idle_reason(policies[0], facts) is None
+    assert [(f.severity, f.message) for f in findings(policies, facts, receiver=False)] == [
+        ("warning", "policy gpu-idle (alert-only) sends alerts, but no alert receiver is configured: give "
+                    "--alertmanager-url or --webhook-url")]
+    node = NodeFacts(Devices(dev_root=str(tmp_path), sys_root=str(tmp_path)), jobs=("llama",))
+    seen = {f.message.split(":")[0] for f in findings(policies, node, receiver=False)}
+    assert seen == {"policy gpu-idle requires gpu"}, seen            # the same file, this node: idle
+    assert facts.why_not(Producer("probe", "gpu_submit", device="gpu")) is None
+    assert why_unproduced("rank_pre_collective_ratio", facts) == "a PromQL source: no PromQL source configured"
+    assert facts.missing("promql") == "no PromQL source configured" and facts.missing("gpu") is None
+    assert facts.note().startswith("note: not root: this node's checks skipped (")
+
+
+def test_validate_as_root_checks_this_node_and_says_no_note(tmp_path):
+    policy = tmp_path / "gpu.yaml"
+    policy.write_text(GPU_POLICY.replace("    rules:", "    requires: [gpu]\n    rules:"))
+    r = rx("--sys-root", str(tmp_path), "validate", str(policy))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "note: not root" not in r.stderr and "idle on this node: no GPU" in r.stdout, r.stdout + r.stderr
 
 
 class StandInNvml(SimpleNamespace):

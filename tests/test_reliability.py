@@ -29,7 +29,10 @@ journal or a signal storm leaves behind, counted on the real system.
     holds after a jump ahead, no false step (``reliability/clock_steps.py``);
 11. thirty hook sockets that never answer, beside one that does: a read costs
     one deadline, each is counted, SIGTERM still ends the controller at once
-    (``reliability/silent_hooks.py``).
+    (``reliability/silent_hooks.py``);
+12. DataLoader workers replaced 50 times a second under the real probes: a
+    worker's series leave the bus a poll after it exits, none refused at the
+    series cap (``reliability/churn.py``).
 
 CI (``make test``) runs the shortened counts of ``reliability/counts.py``
 (5 kill trials per actuator, 300 fuzzed files, ...); ``REFLEXARC_SOAK=1`` runs
@@ -48,9 +51,11 @@ from pathlib import Path
 import pytest
 from conftest import require, require_bpf, require_root
 
-from reliability import (clock_steps, cli_table, crash, exhaustion, journal_damage, planted, silent_hooks, spoof,
-                         storm, versions)
+from reliability import (churn, clock_steps, cli_table, crash, exhaustion, journal_damage, planted, silent_hooks,
+                         spoof, storm, versions)
 from reliability.counts import COUNTS, OUT_ENV
+
+pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
 LONG = 5400 if COUNTS.soak else 900          # seconds a part may take (pytest-timeout)
 
@@ -179,7 +184,7 @@ def test_links_planted_in_the_state_directory_are_never_written_through(shared_t
     figures = planted.run_planted(shared_tmp)
     record("planted", figures)
     assert figures["failures"] == [], "\n".join(figures["failures"])
-    assert len(figures["cases"]) == 6
+    assert len(figures["cases"]) == 7
 
 
 @pytest.mark.parametrize("case", ["unknown_actuator", "newer_format", "hup_at_start"])
@@ -213,3 +218,16 @@ def test_hook_sockets_that_never_answer_cost_one_deadline_not_one_each(shared_tm
     figures = silent_hooks.run_silent(shared_tmp)
     record("silent-hooks", figures)
     assert figures["failures"] == [], "\n".join(figures["failures"])
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(LONG)
+def test_churned_workers_series_leave_the_bus_as_they_exit(tmp_path):
+    require_bpf()
+    figures = churn.run_churn(tmp_path, churn.ROUNDS)
+    record("churn", figures)
+    assert figures["failures"] == [], f"{len(figures['failures'])} failures:\n" + "\n".join(figures["failures"][:20])
+    assert figures["started"] == churn.TRAINERS * churn.WORKERS * churn.ROUNDS
+    assert figures["started"] > 2 * figures["cap_per_signal"], "the churn outgrows the series cap twice over"
+    assert figures["series_limit"] == 0, \
+        f"live workers' samples refused at the cap: {figures['series_limit_by_signal']}"

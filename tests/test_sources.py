@@ -125,3 +125,36 @@ def test_a_replay_file_rewritten_after_it_opened_ends_the_replay(tmp_path, caplo
     assert src.poll(200.0) == []
     assert "r.jsonl:1500:1: error: bad replay record" in caplog.text and "the replay ends there" in caplog.text
     src.close()
+
+
+class Known:
+    """Discovery's answer for each pid, as ``core.jobs.Discovery.identity`` gives it."""
+
+    def __init__(self, identities):
+        self.identities = identities
+
+    def identity(self, pid):
+        return self.identities.get(pid)
+
+
+def test_a_hooked_trainer_started_by_no_launcher_takes_the_job_its_script_names(tmp_path):
+    from reflexarc.core.jobs import Identity
+    own, launched = os.getpid(), os.getppid()
+    servers = []
+    for name in (f"llama-0-{own}.sock", f"other-1-{launched}.sock"):
+        servers.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        servers[-1].bind(str(tmp_path / name))
+        servers[-1].listen(1)
+    try:
+        probes = FixedProbes([("dataloader_reads_total", {"pid": "99", "trainer": str(own),
+                                                          "job": f"train.py-{own}"}, 5.0),
+                              ("dataloader_reads_total", {"pid": "98", "trainer": str(launched),
+                                                          "job": "torch-17"}, 2.0)])
+        probes.discovery = Known({own: Identity(f"train.py-{own}", evidence=("process",)),
+                                  launched: Identity("torch-17", rank=1, evidence=("torchrun",))})
+        samples = ProbeSource(probes, hook_dir=str(tmp_path)).poll(100.0)
+    finally:
+        for server in servers:
+            server.close()
+    jobs = {labels["pid"]: labels["job"] for _, labels, _ in samples}
+    assert jobs == {"99": "llama", "98": "torch-17"}, "only a job named after its process gives way"

@@ -23,6 +23,8 @@ from reflexarc.actuators.base import Target, TargetRefused
 from reflexarc.core.procfs import ProcFS
 from reflexarc.core.targets import ProcessGuard, Refusal, pid_label
 
+pytestmark = [pytest.mark.kernel]
+
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 
 

@@ -39,7 +39,7 @@ from reflexarc.simulations.testbed import BulkUpload, CpuHog, StoreLatency, resi
 from reflexarc.simulations.testbed.procs import cgroup2_root
 from reflexarc.simulations.testbed.store import control
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.testbed, pytest.mark.slow]
 
 
 def require_testbed() -> None:

@@ -15,6 +15,8 @@ import pytest
 from conftest import require_root
 from reflexarc.controller.top import TopView, read_hooks
 
+pytestmark = [pytest.mark.kernel]
+
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 
 SCRIPT = r"""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from test_closed_loop import loop, outcomes, require_loop
 
-pytestmark = [pytest.mark.kernel]
+pytestmark = [pytest.mark.kernel, pytest.mark.testbed, pytest.mark.slow]
 
 
 def test_a_fault_on_one_job_remediates_that_job_only(tmp_path):

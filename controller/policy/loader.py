@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import re
+from fractions import Fraction
 from pathlib import Path
 
 import yaml
@@ -36,7 +37,7 @@ from reflexarc.actuators.specs import REPLACED_PARAMS, SPECS, VALUE_CHECKS, netn
 from reflexarc.core.devices import KINDS as DEVICE_KINDS
 from reflexarc.core.dscp import DSCP_NAMES, MAX_DSCP
 from reflexarc.core.durations import DurationError, parse_duration
-from reflexarc.core.params import ActuatorSpec, ParamError, ParamSpec, convert
+from reflexarc.core.params import MAX_CPUS, ActuatorSpec, ParamError, ParamSpec, convert
 from reflexarc.core.ports import EXAMPLE as PORT_EXAMPLE, port_range
 from reflexarc.core.procfs import TASK_COMM_LEN
 from reflexarc.core.rates import RateError, parse_rate
@@ -46,10 +47,10 @@ from ..input_files import InputFileError, open_regular
 from ..producers import PROMQL, REQUIREMENTS
 from ..signals import CATALOGUE, SignalSpec, suggest
 from .diagnostics import Diagnostic, PolicyError, errors
-from .model import (AGGREGATIONS, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS, Action, Combo, Condition,
-                    Loc, Policy, RateLimit, Rollback, Rule, Selector, Verify)
+from .model import (AGGREGATIONS, ALERTS_AT_STOP, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS, Action, Combo,
+                    Condition, Loc, Policy, RateLimit, Rollback, Rule, Selector, Verify)
 from .schema import (EXCLUSIVE_PARAMS, IFNAMSIZ, NAME_PATTERN, PERCENTILES, RELATIVE_THRESHOLD_PATTERN,
-                     SECTIONS)
+                     SECTIONS, TIME_THRESHOLD_PATTERN)
 
 __all__ = ["Diagnostic", "PolicyError", "load_policies", "validate_paths"]
 
@@ -62,7 +63,6 @@ MAX_YAML_DEPTH = 64      # collections inside collections; stops pathological in
 # Numeric ranges: a number out of range is an error at the number.
 MAX_INT = (1 << 63) - 1  # integers fit in 64 bits
 MAX_NUMA_NODES = 1 << 10  # the kernel's MAX_NUMNODES at its largest (NODES_SHIFT 10)
-MAX_CPUS = 1 << 13       # the kernel's NR_CPUS at its largest
 MAX_PID = 1 << 22        # the kernel's PID_MAX_LIMIT (64-bit)
 MAX_INT_TEXT = 200       # characters: longer integers are out of range before Python reads them
 INT_PARAM_RANGES = {("affinity", "node"): (0, MAX_NUMA_NODES - 1)}
@@ -71,6 +71,8 @@ INT_LIST_ITEM_RANGES = {("affinity", "cpus"): (0, MAX_CPUS - 1), ("affinity", "r
 FROM_SELECTOR = {("dscp", "interfaces"): "interfaces"}
 _NAME_RE = re.compile(NAME_PATTERN)
 _RELATIVE_RE = re.compile(RELATIVE_THRESHOLD_PATTERN)
+_TIME_RE = re.compile(TIME_THRESHOLD_PATTERN)
+TIME_UNITS_US = {"us": 1, "ms": 1000, "s": 10**6, "m": 60 * 10**6, "h": 3600 * 10**6}   # microseconds in each
 _YAML_TAG = "tag:yaml.org,2002:"
 _KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean", "null": "null",
           "timestamp": "a date", "binary": "binary data", "set": "a set", "omap": "an ordered map",
@@ -704,6 +706,11 @@ class _FileReader:
             self.error(node, f"{what} has actions that change the system ({', '.join(changing)}) but no "
                              f"'rollback'; say when to undo them, e.g. rollback: {{on: [verify-failed, clear]}}, "
                              f"or write 'rollback: never' to keep the changes")
+        elif changing and _keys(fields["rollback"][1]) == {"alerts"}:
+            self.error(fields["rollback"][1], f"{what} has actions that change the system ({', '.join(changing)}) "
+                                              f"but its 'rollback' only says what becomes of its alerts; say when "
+                                              f"to undo the changes with 'on', e.g. on: [verify-failed, clear], "
+                                              f"or set never: true to keep them")
         if rule.escalate and len(rule.actions) > 1 and "verify" not in fields:
             at = fields["escalate"][0] if "escalate" in fields else fields["actions"][0]
             self.error(at, f"{what} escalates through {len(rule.actions)} actions but has no 'verify' to tell "
@@ -776,7 +783,7 @@ class _FileReader:
         if "op" in fields:
             cond.op = self._choice(fields["op"][1], "'op'", OPERATORS, hint=" (quote operators: op: \">\")")
         if "threshold" in fields:
-            self._threshold(fields["threshold"][1], cond)
+            self._threshold(fields["threshold"][1], cond, spec)
         if "baseline" in fields:
             key, value = fields["baseline"]
             cond.baseline_window = self._duration(value, "'baseline'", positive=True)
@@ -786,11 +793,16 @@ class _FileReader:
             self._check_aggregation(fields, cond, spec, selector_labels)
         return cond
 
-    def _threshold(self, node: Node, cond: Condition) -> None:
-        example = "use a number (e.g. 200) or '<factor>x baseline' (e.g. '3x baseline')"
+    def _threshold(self, node: Node, cond: Condition, spec: SignalSpec | None) -> None:
+        example = "use a number (e.g. 200), a duration for a time signal (e.g. '5ms') or '<factor>x baseline' " \
+                  "(e.g. '3x baseline')"
         tag = _tag(node)
         if tag in ("int", "float"):
             cond.threshold = self._number(node, "'threshold'")
+            return
+        timed = _TIME_RE.match(node.value) if tag == "str" else None
+        if timed is not None:
+            self._time_threshold(node, cond, spec, timed)
             return
         match = _RELATIVE_RE.match(node.value) if tag == "str" else None
         if match is None:
@@ -803,6 +815,22 @@ class _FileReader:
             self.error(node, f"bad threshold '{_shown(node)}': the factor must be {need}")
             return
         cond.threshold, cond.relative = factor, True
+
+    def _time_threshold(self, node: Node, cond: Condition, spec: SignalSpec | None, timed: re.Match) -> None:
+        """A duration (``5ms``) as a threshold, in the unit of the signal, which
+        must be a time (``step_time_ms``: 5.0; ``tcp_srtt_us``: 5000.0)."""
+        if spec is None:
+            return                        # no signal, or an unknown one: said where it is named
+        if spec.unit not in TIME_UNITS_US:
+            self.error(node, f"threshold '{node.value}' is a duration, but signal '{spec.name}' is not a time "
+                             f"(its unit is '{spec.unit}'): write a number in its unit")
+            return
+        if cond.agg in ("rate", "count"):
+            self.error(node, f"threshold '{node.value}' is a duration, but the {cond.agg} of '{spec.name}' is "
+                             f"not a time: write a number")
+            return
+        amount, unit = Fraction(timed.group(1)), timed.group(2)
+        cond.threshold = float(amount * TIME_UNITS_US[unit] / TIME_UNITS_US[spec.unit])
 
     def _check_aggregation(self, fields: dict, cond: Condition, spec: SignalSpec, selector_labels: set[str]) -> None:
         at = fields["agg"][1] if "agg" in fields else fields["signal"][1]
@@ -921,7 +949,12 @@ class _FileReader:
             return self._duration(node, what, positive=True)
         if kind == "dscp":
             return self._dscp(node, what)
-        if kind == "int_list":
+        if kind == "int_list":     # a list of CPUs, or text in the kernel's notation ("0-3,8") for convert
+            if _tag(node) == "str":
+                return node.value
+            if not isinstance(node, SequenceNode):
+                self.error(node, f"{what} must be a list of CPUs or a CPU list such as '0-3,8', got {_kind(node)}")
+                return None
             bounds = INT_LIST_ITEM_RANGES.get((spec.name, param.name), (None, MAX_INT))
             items = [self._int(item, f"item of {what}", *bounds) for item in self._seq(node, what) or ()]
             return None if None in items else items
@@ -969,15 +1002,19 @@ class _FileReader:
         if fields is None:
             return None, {}
         rollback = Rollback(loc=self.loc(node))
+        if "alerts" in fields:
+            rollback.alerts = self._choice(fields["alerts"][1], "'alerts'", ALERTS_AT_STOP) or rollback.alerts
         if "never" in fields:
             rollback.never = self._bool(fields["never"][1], "'never'")
             if rollback.never:
                 for key, (key_node, _) in fields.items():
-                    if key != "never":
+                    if key not in ("never", "alerts"):
                         self.error(key_node, f"'never' keeps the changes, so '{key}' cannot be set with it; "
                                              f"remove one of them")
                 return rollback, {}
         triggers: dict[str, Node] = {}
+        if set(fields) == {"alerts"}:        # only what becomes of the alerts: no change to undo (_check_rule)
+            return rollback, triggers
         if "on" in fields:
             items = self._seq(fields["on"][1], "'on'")
             if items is not None and not items:
@@ -1003,6 +1040,13 @@ class _FileReader:
         if "on_restart" in fields:
             rollback.on_restart = self._choice(fields["on_restart"][1], "'on_restart'", ON_RESTART)
         return rollback, triggers
+
+
+def _keys(node: Node) -> set[str] | None:
+    """The keys a mapping node writes; None for another node."""
+    if not isinstance(node, MappingNode):
+        return None
+    return {key.value for key, _ in node.value if isinstance(key, ScalarNode)}
 
 
 def _rule_conditions(rule: Rule) -> list[Condition]:

@@ -24,6 +24,7 @@ AGGREGATIONS = ("p50", "p90", "p99", "mean", "max", "min", "last", "rate", "coun
 OPERATORS = (">", ">=", "<", "<=", "==", "!=")
 ROLLBACK_TRIGGERS = ("verify-failed", "clear", "ttl", "shutdown")
 ON_RESTART = ("revert", "adopt")
+ALERTS_AT_STOP = ("resolve", "keep")
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Rollback:
     ttl: float | None = None     # seconds; required when "ttl" in on
     never: bool = False          # explicit "keep the change"
     on_restart: str = "revert"   # what a restarted controller does with it
+    alerts: str = "resolve"      # what a stopping controller does with the rule's firing alerts
     loc: Loc | None = None
 
 

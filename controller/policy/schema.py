@@ -37,10 +37,12 @@ from reflexarc.core.params import ActuatorSpec, ParamSpec
 from reflexarc.core.ports import MAX_PORT, PORT_RANGE_PATTERN
 from reflexarc.core.rates import PATTERN as RATE_PATTERN
 
-from .model import AGGREGATIONS, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS
+from .model import AGGREGATIONS, ALERTS_AT_STOP, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
 RELATIVE_THRESHOLD_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*x\s*baseline\s*$"
+TIME_THRESHOLD_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(us|ms|s|m|h)\s*$"   # of a time signal, in its unit
+CPU_LIST_PATTERN = r"^\s*(?:[0-9]+\s*(?:-\s*[0-9]+\s*)?(?:,\s*[0-9]+\s*(?:-\s*[0-9]+\s*)?)*)?$"   # "0-3,8"
 POSITIVE_DURATION_PATTERN = "^(?=.*[1-9])" + DURATION_PATTERN[1:]
 PERCENTILES = ("p50", "p90", "p99")
 IFNAMSIZ = 16           # interface names are at most IFNAMSIZ - 1 bytes
@@ -103,7 +105,7 @@ SECTIONS: dict[str, Section] = {
         "escalate": "On a failed verification, go on to the next action (default true).",
         "verify": "What must hold within a timeout after acting for the remediation to count as working.",
         "rollback": "When to undo the actions' changes: a mapping, or 'never' to keep them. Required when "
-                    "an action changes the system.",
+                    "an action changes the system. 'alerts' says what becomes of the rule's alerts at stop.",
         "cooldown": f"Quiet time after a remediation ends before the rule may act again (default 0), "
                     f"{DURATION_EXAMPLES}.",
         "max_actions": "At most this many remediations per target within a sliding window.",
@@ -114,8 +116,9 @@ SECTIONS: dict[str, Section] = {
         "agg": "Aggregation over the window: " + ", ".join(AGGREGATIONS) + ".",
         "window": f"Look-back window of the aggregation (> 0), {DURATION_EXAMPLES}.",
         "op": "Comparison: " + " ".join(OPERATORS) + ".",
-        "threshold": "A number, or '<factor>x baseline' (e.g. '3x baseline') relative to the median "
-                     "of the signal's healthy history.",
+        "threshold": "A number in the signal's unit; for a signal that is a time, a duration with its unit "
+                     "(us, ms, s, m, h; e.g. '5ms'), converted to the signal's; or '<factor>x baseline' (e.g. "
+                     "'3x baseline') relative to the median of the signal's healthy history.",
         "baseline": f"Healthy history the baseline is the median of (default 10m), {DURATION_EXAMPLES}.",
     }, required=("signal", "agg", "window", "op", "threshold")),
     "combo": Section({
@@ -135,7 +138,11 @@ SECTIONS: dict[str, Section] = {
         "ttl": f"Undo the change this long after applying it (with 'ttl' in 'on'), {DURATION_EXAMPLES}.",
         "on_restart": "What a restarted controller does with a change it finds applied: "
                       "revert (default) or adopt.",
-        "never": "true: keep the changes (same as writing 'rollback: never'); no other key may be set.",
+        "never": "true: keep the changes (same as writing 'rollback: never'); no other key but 'alerts' "
+                 "may be set.",
+        "alerts": "What a stopping controller does with the rule's alerts still firing: resolve (default) or "
+                  "keep them firing (Alertmanager then ends them after its resolve_timeout). Alone, for a rule "
+                  "whose actions change nothing: rollback: {alerts: keep}.",
     }),
     "max_actions": Section({
         "count": "Most remediations allowed within the window (>= 1).",
@@ -184,7 +191,8 @@ def _param(param: ParamSpec) -> dict:
         "bool": {"type": "boolean"},
         "duration": _duration(positive=True),
         "dscp": {"anyOf": [{"enum": list(DSCP_NAMES)}, {"type": "integer", "minimum": 0, "maximum": MAX_DSCP}]},
-        "int_list": {"type": "array", "items": {"type": "integer"}},
+        "int_list": {"anyOf": [{"type": "array", "items": {"type": "integer"}},
+                               {"type": "string", "pattern": CPU_LIST_PATTERN}]},
         "str_list": {"type": "array", "items": scalar},
         "port_range": _ports(),
         "mapping": {"type": "object"},
@@ -246,7 +254,8 @@ def _condition() -> dict:
         "agg": {"enum": list(AGGREGATIONS)},
         "window": _duration(positive=True),
         "op": {"enum": list(OPERATORS)},
-        "threshold": {"anyOf": [{"type": "number"}, {"type": "string", "pattern": RELATIVE_THRESHOLD_PATTERN}]},
+        "threshold": {"anyOf": [{"type": "number"}, {"type": "string", "pattern": RELATIVE_THRESHOLD_PATTERN},
+                                {"type": "string", "pattern": TIME_THRESHOLD_PATTERN}]},
         "baseline": _duration(positive=True),
     }, "agg(signal{match}[window]) op threshold.")
     condition["allOf"] = [
@@ -266,6 +275,9 @@ def _when() -> dict:
             "anyOf": [{"$ref": "#/$defs/condition"}, combo]}
 
 
+ALERTS_ONLY = {"type": "object", "required": ["alerts"], "maxProperties": 1}   # rollback: {alerts: ...}
+
+
 def _rollback() -> dict:
     triggers = {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"enum": list(ROLLBACK_TRIGGERS)}}
     mapping = _closed("rollback", {
@@ -273,11 +285,13 @@ def _rollback() -> dict:
         "ttl": _duration(positive=True),
         "on_restart": {"enum": list(ON_RESTART), "default": "revert"},
         "never": {"type": "boolean"},
-    }, "When to undo the actions' changes.")
+        "alerts": {"enum": list(ALERTS_AT_STOP), "default": "resolve"},
+    }, "When to undo the actions' changes, and what becomes of the rule's alerts at stop.")
     has_ttl_trigger = {"properties": {"on": {"contains": {"const": "ttl"}}}, "required": ["on"]}
     mapping["allOf"] = [
         {"if": {"properties": {"never": {"const": True}}, "required": ["never"]},
-         "then": {"maxProperties": 1}, "else": {"required": ["on"]}},
+         "then": {"propertyNames": {"enum": ["never", "alerts"]}},
+         "else": {"anyOf": [{"required": ["on"]}, ALERTS_ONLY]}},
         {"if": has_ttl_trigger, "then": {"required": ["ttl"]}},
         {"if": {"required": ["ttl"]}, "then": has_ttl_trigger},
     ]
@@ -306,7 +320,7 @@ def _rule() -> dict:
         {"if": {"properties": {"actions": {"contains": {
             "properties": {"actuator": {"enum": list(SYSTEM_CHANGING)}}, "required": ["actuator"]}}},
             "required": ["actions"]},
-         "then": {"required": ["rollback"]}},
+         "then": {"required": ["rollback"], "properties": {"rollback": {"not": ALERTS_ONLY}}}},
         {"if": {"properties": {"actions": {"minItems": 2}, "escalate": {"const": True}}, "required": ["actions"]},
          "then": {"required": ["verify"]}},
         {"if": {"properties": {"rollback": {"type": "object", "properties": {

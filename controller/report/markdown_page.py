@@ -7,7 +7,9 @@ verify, rollback), then each run's counts, its rules (targets that never fired
 folded into one line per rule) and the summary of the targets that did
 something, what dry-run would have changed (``diff`` blocks), the decision log
 (capped; report.json has all), limits and input problems. Text from the audit
-escapes ``&``, ``<``, ``|`` and newlines.
+reads as written, comparisons included (``912 < 346``): only what Markdown would
+take for markup is escaped, a ``<`` that would open a tag, an ``&`` that would
+name an entity, ``|`` and newlines.
 
 Example::
 
@@ -16,6 +18,8 @@ Example::
 Overhead: linear in what is shown.
 """
 from __future__ import annotations
+
+import re
 
 from .audit import Audit
 from .decisions import DecisionLog, limit_groups
@@ -29,10 +33,14 @@ from .summary import counts_line, ordered_outcomes, quiet_groups, quiet_line
 MAX_DECISION_ROWS = Detail.DEFAULT.decision_rows
 
 
+_ENTITY = re.compile(r"&(?=#?[A-Za-z0-9]+;)")     # &amp; &#60; ... would render as a character
+_TAG = re.compile(r"<(?=[A-Za-z/!?])")              # <script> <!-- ... would render as HTML
+
+
 def cell(value) -> str:
     text = "" if value is None else str(value)
-    return (text.replace("&", "&amp;").replace("<", "&lt;")
-            .replace("|", "\\|").replace("\r", "").replace("\n", "<br>"))
+    text = _TAG.sub("&lt;", _ENTITY.sub("&amp;", text))
+    return text.replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
 
 
 def table(header: list[str], rows: list[list]) -> list[str]:

@@ -9,6 +9,8 @@ the policy file the record names is read again, and its rule's expression is
 used when its conditions are the same texts in the same order (the file may
 have changed since the run). Failing both, the expression is unknown and the
 pages list the conditions without joining them with a word they cannot know.
+A rule's rollback reads as people write it: the record's ``on ['shutdown',
+'ttl']`` is shown as ``on shutdown, ttl`` (``as_written``).
 
 Example::
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 from dataclasses import dataclass
 from functools import lru_cache
@@ -32,6 +35,13 @@ from ..policy.model import COMBINATORS, when_tree
 log = logging.getLogger("reflexarc.report")
 
 MAX_POLICY_BYTES = 1 << 20
+_LIST_REPR = re.compile(r"\[('[^'\[\]]*'(?:, '[^'\[\]]*')*)\](, )?")     # ['shutdown', 'ttl'], ...
+
+
+def as_written(text: str) -> str:
+    """``on ['shutdown', 'ttl'], ttl 3600s`` as ``on shutdown, ttl; ttl 3600s``."""
+    return _LIST_REPR.sub(lambda m: ", ".join(item.strip("'") for item in m.group(1).split(", "))
+                          + ("; " if m.group(2) else ""), text)
 
 
 def valid_tree(tree) -> bool:
@@ -121,7 +131,7 @@ def _spec(policy: dict, rule: dict, override) -> RuleSpec:
                     policy.get("file") if isinstance(policy.get("file"), str) else None, conditions, when, source,
                     rule.get("verify") if isinstance(rule.get("verify"), str) else None, verify_when,
                     tuple(str(a) for a in rule.get("actions") or ()),
-                    rule.get("rollback") if isinstance(rule.get("rollback"), str) else None)
+                    as_written(rule["rollback"]) if isinstance(rule.get("rollback"), str) else None)
 
 
 def rule_specs(run) -> dict[tuple[str, str], RuleSpec]:

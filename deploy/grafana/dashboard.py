@@ -8,9 +8,13 @@ signal of the catalogue is exported under the name ``controller/signal_metrics.p
 gives it (its unit suffix in a base unit: ``step_time_ms`` is
 ``reflexarc_step_time_seconds``).
 
-Series are selected by ``node`` (the ServiceMonitor of the chart adds it from
-the pod's node; a systemd node's scrape configuration sets it) and, for the
-process metrics, by the scrape ``job`` (default ``reflexarc``).
+Series are selected by ``node`` (the ServiceMonitor of the chart, or
+deploy/prometheus/scrape-config.yml, adds it from the pod's node; a systemd
+node's scrape configuration sets it) and, for the process metrics, by the
+scrape ``job`` (default ``reflexarc``). The training-job variable lists the
+jobs of ``reflexarc_job_info``, which the controller exports for every job it
+finds on a node (hook-instrumented or not), not only those that report step
+signals.
 
 Usage::
 
@@ -242,7 +246,9 @@ def build() -> dict:
         {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
          "current": {}, "hide": 0},
         query_var("node", "Node", "label_values(reflexarc_rule_targets, node)"),
-        query_var("training_job", "Training job", "label_values(reflexarc_step_time_seconds, job)"),
+        # every job the controller found on a node, hooks or not (reflexarc jobs); the probes'
+        # signals carry the same job label
+        query_var("training_job", "Training job", "label_values(reflexarc_job_info, job)"),
         {"name": "job", "label": "Scrape job", "type": "custom", "query": "reflexarc",
          "current": {"text": "reflexarc", "value": "reflexarc"},
          "options": [{"text": "reflexarc", "value": "reflexarc", "selected": True}], "hide": 2},

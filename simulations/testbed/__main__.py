@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _loop(args: argparse.Namespace) -> None:
-    from .closed_loop import FAULTS, format_table, machine, run_fault
+    from .closed_loop import FAULTS, format_actions, format_table, machine, run_fault
     keys = [k.strip() for k in args.faults.split(",") if k.strip()]
     unknown = [k for k in keys if k not in FAULTS]
     if unknown or not keys:
@@ -181,6 +181,7 @@ def _loop(args: argparse.Namespace) -> None:
         Path(args.results).parent.mkdir(parents=True, exist_ok=True)
         Path(args.results).write_text(json.dumps(doc, indent=1) + "\n")
     print(format_table(results))
+    print(format_actions(results))
     for r in results:
         print(f"fault {r['fault']} report: {r['report']}")
 

@@ -59,7 +59,7 @@ FAULTS = {
           "make": lambda tb, job: Misplaced(tb, job.ranks[0].pid, cpu=1), "ends": "verified", "two_nodes": True,
           "job": {"decode_ms": 5.0},   # workers that decode: CPU placement matters to them
           "baseline": 75.0,        # the policy's 10m baseline counts after 60 s of history
-          "timeout": 240.0},       # slow to detect here (see the README), then a 90 s verify
+          "timeout": 240.0},       # slow to detect here (see docs/benchmarks.md), then a 90 s verify
     "d": {"name": "store serving one request at a time", "policy": "dataloader-starvation",
           "make": lambda tb, job: StoreSerial(tb, 20), "ends": "alerted"},
     "e": {"name": "no fault", "policy": None, "make": lambda tb, job: Nothing(tb), "ends": None},
@@ -262,8 +262,24 @@ def machine() -> dict:
             "node": platform.node()}
 
 
+def format_actions(results: list[dict]) -> str:
+    """What each fault's policy did, one line per action (seconds after the
+    fault's onset), to print beside the table: ``a nccl-congestion-dscp: dscp
+    applied +6.6 s: dscp CS1 (8) on r0:eth0 for tcp ports 443-443, ...``."""
+    lines = []
+    for r in results:
+        head = f"{r['fault']} {r['policy'] or r['name']}"
+        if not r["actions"]:
+            lines.append(f"{head}: no action")
+        for a in r["actions"]:
+            text = f"{head}: {a['actuator']} {a['outcome']} {a['ts'] - r['onset']:+.1f} s"
+            text += f": {a['summary']}" if a.get("summary") else ""
+            lines.append(text + (f" (error: {a['error']})" if a.get("error") else ""))
+    return "\n".join(lines)
+
+
 def format_table(results: list[dict]) -> str:
-    """The closed-loop figures as the README shows them."""
+    """The closed-loop figures as docs/benchmarks.md shows them."""
     def ms(r, phase):
         p = r["steps_ms"].get(phase)
         return f"{p['median']:.0f} ({p['p10']:.0f}-{p['p90']:.0f})" if p else "-"

@@ -45,6 +45,7 @@ TESTS = HERE.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from reliability.counts import record_sigterm  # noqa: E402
 from reliability.workloads import QUIET as POLICY  # noqa: E402
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
@@ -226,13 +227,18 @@ def forward_step_limits(tmp: Path) -> list[str]:
         if not limits and applied == 1:
             failures.append("no breach after the jump was held back by max_actions: the case proves nothing")
     finally:
+        sent = None
         if proc.poll() is None:
+            sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
         try:
             proc.communicate(timeout=EXIT_LIMIT)
+            if sent is not None:
+                record_sigterm("clock-steps forward_step_limits", time.monotonic() - sent)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
+            record_sigterm("clock-steps forward_step_limits", None)
             failures.append("the controller did not stop on SIGTERM")
         if bed.live():
             failures.append("a pin was left after SIGTERM")

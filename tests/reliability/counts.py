@@ -9,16 +9,26 @@ Example::
 ``REFLEXARC_RELIABILITY_SEED`` changes the random choices (kill points, delays,
 fuzz inputs); the default seed makes two runs of one tree choose alike.
 
-Overhead: none (constants read once at import).
+Every part that ends a controller with SIGTERM hands the time it took to exit
+to ``record_sigterm``, which appends it to ``SIGTERM_FILE`` in the
+``REFLEXARC_RELIABILITY_OUT`` directory (when set) for ``bench/reliability.py``::
+
+    record_sigterm("silent-hooks", 0.41)     # {"scenario": "silent-hooks", "seconds": 0.41}
+    record_sigterm("full-disk sigterm", None)  # it did not exit within the part's limit
+
+Overhead: none (constants read once at import; one line appended per SIGTERM).
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 SOAK_ENV = "REFLEXARC_SOAK"
 SEED_ENV = "REFLEXARC_RELIABILITY_SEED"
 OUT_ENV = "REFLEXARC_RELIABILITY_OUT"     # a directory: each part writes its figures there as JSON
+SIGTERM_FILE = "sigterm.jsonl"            # in it: one SIGTERM-to-exit time a line
 
 
 @dataclass(frozen=True)
@@ -41,3 +51,14 @@ def counts_for(soak: bool) -> Counts:
 
 
 COUNTS = counts_for(os.environ.get(SOAK_ENV) == "1")
+
+
+def record_sigterm(scenario: str, seconds: float | None) -> None:
+    """Note how long a controller took from SIGTERM to its exit in ``scenario``
+    (None: it had not exited when the part gave up on it)."""
+    out = os.environ.get(OUT_ENV)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        with open(Path(out) / SIGTERM_FILE, "a") as f:
+            f.write(json.dumps({"scenario": scenario,
+                                "seconds": None if seconds is None else round(seconds, 3)}) + "\n")

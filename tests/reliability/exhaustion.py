@@ -60,6 +60,7 @@ TESTS = HERE.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from reliability.counts import record_sigterm  # noqa: E402
 from reliability.crash import AffinityBed  # noqa: E402
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
@@ -207,6 +208,7 @@ def _case(bed: AffinityBed, tmp: Path, case: str, n: int) -> dict:
                 rec["problems"].append(f"the restart did not say what it reconciled: {err[-800:]}")
         else:
             rec["exit"], rec["exit_s"] = ctl.stop(signal.SIGTERM)
+            record_sigterm(f"full-disk {case}", None if rec["exit"] is None else rec["exit_s"])
             err = ctl.stderr()
             if "audit" not in err or "dropped" not in err:
                 rec["problems"].append(f"stderr does not say the audit dropped records: {err[-800:]}")
@@ -301,6 +303,7 @@ def fd_exhaustion(tmp: Path) -> dict:
             rec["problems"].append(f"the change is no longer held as applied: journal {rec['journal_at_hold']}, "
                                    f"live {rec['live_at_hold']}")
         rec["exit"], rec["exit_s"] = ctl.stop(signal.SIGTERM)
+        record_sigterm("fd-exhaustion", None if rec["exit"] is None else rec["exit_s"])
         err = ctl.stderr()
         if rec["exit"] != 0:
             rec["problems"].append(f"exit {rec['exit']}: {err[-800:]}")

@@ -15,6 +15,10 @@ root-only "secret" files (mode 0600, one line each):
 - ``policy-link``: a policy path in a directory others may write, linked to
   a root-only file: ``run`` refuses it, and neither its messages nor the
   audit quote a word of the file;
+- ``policy-link-reload``: the same link planted while a dry-run controller
+  runs on a valid file at that path, then SIGHUP: the reload is refused, the
+  controller keeps running its policies, and neither stderr nor the audit's
+  ``reload`` record quotes a word of the file;
 - ``modes``: a fresh run creates the journal, its lock and the audit 0600.
 
 After each case both secrets must be byte for byte what they were and still
@@ -31,11 +35,14 @@ Overhead: one short ``run --duration 0 --no-probes`` child per case (~1 s).
 """
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -127,6 +134,9 @@ def run_planted(tmp: Path) -> dict:
     if len(errs) != 1:
         failures.append(f"policy-link: {len(errs)} error: lines: {r.stderr[-600:]}")
 
+    failures += _reload_link(tmp, shared, secrets[0], hooks)
+    cases.append("policy-link-reload")
+
     state = tmp / "modes"
     check("modes", _run(state, policy, hooks), False)
     for name in ("journal.jsonl", "journal.jsonl.lock", "audit.jsonl"):
@@ -138,3 +148,42 @@ def run_planted(tmp: Path) -> dict:
     if mode & 0o077:
         failures.append(f"modes: the state directory was made {mode:04o}, not 0700")
     return {"cases": cases, "failures": failures}
+
+
+def _reload_link(tmp: Path, shared: Path, secret: Path, hooks: Path) -> list[str]:
+    """A valid policy in a directory others may write is replaced by a link to
+    ``secret`` while the controller runs; SIGHUP makes it reload."""
+    failures = []
+    path = shared / "live.yaml"
+    path.write_text(POLICY)
+    state = tmp / "policy-link-reload"
+    state.mkdir(mode=0o700)
+    proc = subprocess.Popen(RX + ["--state-dir", str(state), "--hook-dir", str(hooks), "run", "--no-probes",
+                                  "--policy", str(path), "--interval", "0.2", "--duration", "30"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    audit = state / "audit.jsonl"
+    records = lambda: [json.loads(line) for line in audit.read_text().splitlines() if line.strip()]  # noqa: E731
+    deadline = time.monotonic() + 30
+    while not (audit.exists() and any(r["kind"] == "run" for r in records())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    path.unlink()
+    path.symlink_to(secret)
+    proc.send_signal(signal.SIGHUP)
+    while not any(r["kind"] == "reload" for r in records()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    reloads = [r for r in records() if r["kind"] == "reload"]
+    if not alive:
+        failures.append(f"policy-link-reload: the controller ended at the reload: {err[-600:]}")
+    if [r.get("outcome") for r in reloads] != ["refused"]:
+        failures.append(f"policy-link-reload: want one refused reload, got {reloads}")
+    elif "withheld" not in json.dumps(reloads[0]):
+        failures.append(f"policy-link-reload: the refusal does not say its messages are withheld: {reloads[0]}")
+    word = SECRET.decode().split()[0]
+    if word in err + out or word in audit.read_text():
+        failures.append("policy-link-reload: the linked file's content was printed or audited")
+    if "Traceback" in err:
+        failures.append(f"policy-link-reload: a traceback: {err[-800:]}")
+    return failures

@@ -38,6 +38,7 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from reliability.clock_steps import HOOKED  # noqa: E402
+from reliability.counts import record_sigterm  # noqa: E402
 from reliability.workloads import QUIET as POLICY  # noqa: E402
 
 RX = [sys.executable, "-m", "reflexarc.controller.cli"]
@@ -111,6 +112,7 @@ def run_silent(tmp: Path) -> dict:
         try:
             _, err = ctl.communicate(timeout=60)
             figures["exit_s"] = round(time.monotonic() - began, 2)
+            record_sigterm("silent-hooks", figures["exit_s"])
             if ctl.returncode != 0:
                 failures.append(f"the controller exited {ctl.returncode}: {err[-600:]}")
             if figures["exit_s"] > EXIT_BOUND:
@@ -118,6 +120,7 @@ def run_silent(tmp: Path) -> dict:
         except subprocess.TimeoutExpired:
             ctl.kill()
             ctl.communicate()
+            record_sigterm("silent-hooks", None)
             failures.append("the controller did not stop within 60 s of SIGTERM")
     finally:
         for proc in (listener, good):

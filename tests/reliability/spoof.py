@@ -232,7 +232,7 @@ def run_spoof(base: Path) -> dict:
             problems.append(f"signals believed from forged sockets: {believed[:3]}")
         # 2. act on each job: the victim is called, no forged socket is
         act = s.rx("act", "framework_hook", "handler=loader.prefetch", f'args={{"factor": {CHANGED_FACTOR}}}',
-                   "at_step_boundary=false", "--job", "victim", "--mode", "enforce")
+                   "at_step_boundary=false", "--job", "victim", "--mode", "enforce", "--json")
         endpoints = []
         if act.returncode == 0:
             endpoints = [e["socket"] for e in json.loads(act.stdout)["after"]["endpoints"]]

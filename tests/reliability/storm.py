@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import signal_storm  # noqa: E402
+from reliability.counts import record_sigterm  # noqa: E402
 
 
 def run_storm(tmp: Path, samples: int, pids: int, span: float, delays: tuple) -> dict:
@@ -41,6 +42,10 @@ def run_storm(tmp: Path, samples: int, pids: int, span: float, delays: tuple) ->
     trials = []
     for n, delay in enumerate([*delays, None]):
         trials.append(signal_storm.trial(tmp, storm, delay, cmd, policies, n, samples))
+        if "sigterm_to_exit_s" in trials[-1]:
+            when = "after the whole replay" if delay is None else f"{delay} s after the change"
+            record_sigterm(f"storm, SIGTERM {when}",
+                           None if "killed_after_s" in trials[-1] else trials[-1]["sigterm_to_exit_s"])
     done = [t for t in trials if "sigterm_to_exit_s" in t]
     full = next((t for t in trials if t["delay_s"] is None), {})
     metrics = full.get("metrics", {})
