@@ -1079,7 +1079,7 @@ def build_parser() -> Parser:
 
     for name, fn, helptext in (("run", cmd_run, "run the controller on live signals"),
                                ("probes", cmd_probes, "list probes and their status"),
-                               ("top", cmd_top, "show live signals")):
+                               ("top", cmd_top, "show live signals: the running controller's view (its signals, rules, changes) when one runs, else probes of its own")):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--policy", action="append", default=[], type=_path_arg, metavar="POLICY_FILE_OR_DIR",
                        help="policy files or directories (repeatable; default: the shipped policies)")

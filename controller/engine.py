@@ -65,6 +65,8 @@ log = logging.getLogger("reflexarc.engine")
 HOUSEKEEPING_EVERY = 5.0     # seconds between passes for new, silent and dead targets
 STOP_CHUNK = 256             # rule runs stepped or started between two looks at the stop event
 DRIFT_EVERY = 60.0           # seconds between two read-backs of the journal's open changes
+STOP_DELIVERY = 0.8          # seconds the stop waits for queued alerts (resolutions) to be delivered: with
+                             # the sender's own close, SIGTERM to exit stays under 2 s whatever a receiver does
 
 
 def describe_policies(policies: list[Policy]) -> list[dict]:
@@ -337,15 +339,19 @@ class Controller:
     def shutdown(self) -> None:
         """Revert what rules roll back on shutdown (leave the rest to the journal)
         and resolve the alerts still firing, but those of rules that keep them
-        (``rollback: {alerts: keep}``); then wait, at most the alert sender's
-        deadline, for what it queued to be delivered, before the sender closes."""
+        (``rollback: {alerts: keep}``); then wait, at most ``STOP_DELIVERY``, for
+        what the alert sender queued to be delivered, before it closes: a
+        receiver that hangs never holds the stop (what it did not take is
+        logged and counted as not delivered)."""
         for run in self.runs.values():
             run.now = self.clock.now()
             if "shutdown" in run.rule.rollback.on:
                 run.revert_all("shutdown")
             if run.notices and run.rule.rollback.alerts != "keep":
                 self.resolve_notices(run)
-        self.executor.deliver_notices()
+        if not self.executor.deliver_notices(within=STOP_DELIVERY):
+            log.warning("stopping: alerts (resolutions) not delivered within %.1f s are given up; see "
+                        "reflexarc_alert_deliveries_total", STOP_DELIVERY)
         self.audit.write("end", summary=self.summary())
         self.registry.close()
 

@@ -265,14 +265,14 @@ class Executor:
             return StepResult(Outcome.FAILED, notice, error=f"resolve: {exc}")
         return StepResult(Outcome.RESOLVED, notice)
 
-    def deliver_notices(self) -> bool:
+    def deliver_notices(self, within: float | None = None) -> bool:
         """Wait until the alerts sent so far (resolutions too) were delivered or
-        given up, at most the sender's ``deadline`` (``actuators/alert.py`` sends
-        from a queue; a sender without one has nothing to wait for); whether
-        they all were."""
+        given up, at most ``within`` seconds (None: the sender's ``deadline``;
+        ``actuators/alert.py`` sends from a queue, a sender without one has
+        nothing to wait for); whether they all were."""
         sender = self.registry.built("alert")
         flush = getattr(sender, "flush", None)
-        return flush is None or flush(sender.deadline)
+        return flush is None or flush(sender.deadline if within is None else min(within, sender.deadline))
 
     def release(self, journal_id: str | None, state: str) -> None:
         """Close a journal entry without reverting (``kept`` for rollback: never)."""

@@ -141,9 +141,9 @@ def test_sigterm_ends_the_run_at_once_while_alertmanager_hangs(tmp_path):
         for conn in held:
             conn.close()
     assert proc.returncode == 0, err
-    # Alertmanager would hang for ever: the loop never waits on it, and the
-    # stop waits for the resolution at most one delivery deadline (10 s)
-    assert took < DEADLINE + 4.0, f"SIGTERM took {took:.1f} s while Alertmanager hung"
+    # Alertmanager would hang for ever: the loop never waits on it, and the stop
+    # waits for the resolution STOP_DELIVERY at most (a bound on a hang, not a timing)
+    assert took < DEADLINE, f"SIGTERM took {took:.1f} s while Alertmanager hung"
     assert _alert_outcomes(state) == ["notified", "resolved"]
     assert "not delivered" in err, err
 
@@ -213,11 +213,11 @@ def test_sigterm_resolves_the_alerts_it_fired_unless_the_rules_keep_them(tmp_pat
     assert resolved == ([] if keep else ["steps-slow", "steps-very-slow"])
 
 
-SLOW_REPLY_S = 4.0     # longer than close()'s own wait (1 s), well within the delivery deadline (10 s)
+SLOW_REPLY_S = 0.5     # slow, but within the stop's wait for deliveries (STOP_DELIVERY)
 
 
 def test_the_stop_waits_for_a_slow_receiver_to_take_the_resolution(tmp_path):
-    """A receiver that answers each POST after 4 s: the resolution sent at stop
+    """A receiver that answers each POST after 0.5 s: the resolution sent at stop
     is answered while the controller still waits for it (its connection is
     still open when the answer is due), not cut off by the process's exit."""
     delivered: list[dict] = []

@@ -66,3 +66,4 @@ def test_d_a_throughput_capped_store_is_rolled_back_and_alerted(tmp_path):
     assert steps["verify_failed"] is not None and steps["rolled_back"] is not None, steps
     assert ("framework_hook", "reverted") in outcomes(r) and ("alert", "notified") in outcomes(r), r["actions"]
     assert r["alerts_at_receiver"], "the alert did not reach Alertmanager"
+    assert r["alerts_after_stop"] == [], "the stopping controller resolves the alerts it fired"

@@ -205,6 +205,10 @@ def test_pause_holds_new_actions_and_resume_lets_them_through(bed):
     assert "forgotten" in b.cli("rollback", "--forget", jid, "--reason", "keep the pin").stdout
     assert b.status()["changes"] == [] and _pinned(b.workers)
     assert any(r["kind"] == "forget" and r["journal_id"] == jid and r["by"]["uid"] == 0 for r in b.audit())
+    b.cli("report", str(b.state / "audit.jsonl"), "--out", str(b.tmp / "report"))
+    page = (b.tmp / "report" / "report.md").read_text()
+    assert "enforcement paused by uid 0: kernel upgrade" in page and "enforcement resumed by uid 0: upgrade done" in page
+    assert "unknown kind" not in page and f"journal entry {jid}" in page
 
 
 def test_the_kill_switch_stops_refreshes_and_both_are_audited(bed):

@@ -51,7 +51,8 @@ from ..audit import rotated_paths
 from ..input_files import open_regular
 
 TRACKED_KINDS = ("eval", "transition", "action", "limit", "retire", "error")
-KNOWN_KINDS = ("run", "end", "reload", "forget") + TRACKED_KINDS
+HAND_KINDS = ("forget", "kill_switch", "pause", "resume", "operator", "drift")   # an operator's hand, node events
+KNOWN_KINDS = ("run", "end", "reload") + HAND_KINDS + TRACKED_KINDS
 EVENT_KINDS = ("transition", "action")
 MALFORMED_EXAMPLES = 20
 MAX_LINE_CHARS = 8 << 20      # an audit record is a few kB; longer lines are counted as malformed
@@ -322,6 +323,7 @@ class Audit:
     malformed: list[dict] = field(default_factory=list)   # first examples: {line, reason, text}
     unknown_kinds: Counter = field(default_factory=Counter)
     forgotten: list[dict] = field(default_factory=list)   # journal entries an operator closed unreverted
+    hands: list[dict] = field(default_factory=list)       # kill switch, pauses, operators' rollbacks, drift
     _last_event_ts: float | None = field(default=None, repr=False)
     _journal: dict = field(default_factory=dict, repr=False)   # journal id -> (policy, rule, target, labels)
 
@@ -438,6 +440,10 @@ class Audit:
         if kind == "forget":                 # written by 'rollback --forget', outside any run
             self.record_count += 1
             self.forgotten.append({k: rec.get(k) for k in ("journal_id", "actuator", "summary", "reason", "user")})
+            return
+        if kind in HAND_KINDS:
+            self.record_count += 1
+            self.hands.append(dict(rec, ts=ts))
             return
         line_no = line_no or 0
         run = self._run_for(kind, line_no)

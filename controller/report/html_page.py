@@ -155,6 +155,9 @@ def _header(summary: dict, clock: Clock) -> str:
             f"{c['records']:,} records ({c['evals']:,} evaluations)", status]
     out = ["<header>", "<h1>reflexarc audit report</h1>", f'<p class="head">{" · ".join(bits)}</p>']
     out += [f'<div class="warn">{e(w)}</div>' for w in summary["file_warnings"]]
+    if summary["hands"]:
+        out.append('<p class="head">By hand, and enforcement held:</p><ul>'
+                   + "".join(f"<li>{e(h)}</li>" for h in summary["hands"]) + "</ul>")
     out.append("</header>")
     return "".join(out)
 

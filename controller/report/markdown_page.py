@@ -82,6 +82,8 @@ def _header(summary: dict, clock: Clock) -> list[str]:
                        _span(clock, summary["start"], summary["end"], summary["duration"]),
                        f"{c['records']:,} records ({c['evals']:,} evaluations)", status]), ""]
     out += [f"> **Warning:** {cell(w)}" + "  " for w in summary["file_warnings"]]
+    if summary["hands"]:
+        out += ["", "By hand, and enforcement held:", ""] + [f"- {cell(h)}" for h in summary["hands"]] + [""]
     return out
 
 

@@ -236,6 +236,33 @@ def _file_warnings(audit: Audit) -> list[str]:
     return out
 
 
+def _by(rec: dict) -> str:
+    by = rec.get("by") or {}
+    return f"uid {by.get('uid', '?')}" if by else "itself"
+
+
+def _hands(audit: Audit, clock: Clock) -> list[str]:
+    """What an operator did, and what held enforcement, in the order it happened."""
+    out = []
+    for rec in audit.hands:
+        kind, at = rec["kind"], clock.at(rec["ts"])
+        if kind == "kill_switch":
+            out.append(f"{at} kill switch {'engaged' if rec.get('engaged') else 'released'} ({rec.get('path')})"
+                       + (": no change was made while it was" if rec.get("engaged") else ""))
+        elif kind == "pause":
+            length = f" for {rec['duration']:g} s" if isinstance(rec.get("duration"), (int, float)) else ""
+            out.append(f"{at} enforcement paused{length} by {_by(rec)}: {rec.get('reason')}")
+        elif kind == "resume":
+            out.append(f"{at} enforcement resumed by {_by(rec)}: {rec.get('reason')}")
+        elif kind == "operator":
+            done = ", ".join(f"{r.get('id')} {r.get('outcome')}" for r in rec.get("results") or []) or "nothing"
+            out.append(f"{at} {rec.get('verb')} by {_by(rec)}: {done}")
+        elif kind == "drift":
+            out.append(f"{at} journal entry {rec.get('journal_id')} ({rec.get('actuator')}) was changed behind the "
+                       f"controller's back: {rec.get('differs')}")
+    return out
+
+
 def _run_summary(audit: Audit, run: Run, rows: list[dict], clock: Clock) -> dict:
     declared = declared_modes(run)
     counts = _counts(run, rows)
@@ -290,6 +317,7 @@ def summarize(records: Iterable[dict] | Audit) -> dict:
         "end_summary": (audit.end or {}).get("summary"),
         "warnings": warnings,
         "file_warnings": _file_warnings(audit),
+        "hands": _hands(audit, clock),
         "runs": runs,
         "rules": rows,
     }

@@ -164,11 +164,12 @@ def run_fault(key: str, out_dir: Path, *, baseline: float = 40.0, settle: float 
             end = time.time()
             fault.stop()
             usage = ctl.usage()
+            firing = _alertnames(am) if spec["ends"] else []      # the controller resolves them as it stops
         finally:
             summary = ctl.stop()
         after = _settled(tb, job, state_dir, before)
         result.update(_result(job, t, onset, end, waited, usage, summary, diff(before, after), ctl.audit_path,
-                              am, spec))
+                              firing, _alertnames(am) if spec["ends"] else []))
         (out_dir / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in job.steps()))
         if other is not None:
             result["neighbour"] = _neighbour(other, ctl.audit_path, onset, end, waited)
@@ -232,7 +233,11 @@ def _settled(tb, job, state_dir, before: dict, timeout: float = 15.0) -> dict:
         time.sleep(1.0)
 
 
-def _result(job, t: Timeline, onset, end, waited, usage, summary, state_diff, audit, am, spec) -> dict:
+def _alertnames(am) -> list[str]:
+    return [a["labels"].get("alertname", "") for a in am.alerts()]
+
+
+def _result(job, t: Timeline, onset, end, waited, usage, summary, state_diff, audit, firing, after_stop) -> dict:
     remediated_from = t.verified
     acted = t.applied or end
     steps = {"baseline": phase(job, onset - waited + 10, onset),
@@ -251,7 +256,8 @@ def _result(job, t: Timeline, onset, end, waited, usage, summary, state_diff, au
         "controller": {"cpu_pct": round(usage.cpu_pct, 2), "rss_mb": round(usage.rss_mb, 1),
                        "peak_rss_mb": round(usage.peak_rss_mb, 1), "wall_s": round(usage.wall_s, 1)},
         "end_summary": {k: summary.get(k) for k in ("transitions", "actions", "applied", "reverted", "errors")},
-        "alerts_at_receiver": [a["labels"].get("alertname", "") for a in am.alerts()] if spec["ends"] else [],
+        "alerts_at_receiver": firing,              # active in Alertmanager before the controller stopped
+        "alerts_after_stop": after_stop,           # active after it stopped: resolved at stop, none
         "state_diff": state_diff,
         "audit": str(audit),
     }
