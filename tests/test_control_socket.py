@@ -221,6 +221,9 @@ def test_the_kill_switch_stops_refreshes_and_both_are_audited(bed):
     assert _free([new]), "a new worker was pinned while the kill switch was engaged"
     b.switch.unlink()
     wait_until("the new worker followed once the switch is released", lambda: _pinned([new]) or b._died(), 30)
+    # the refresh is audited right after it pinned the worker, in the same tick: wait for the record
+    wait_until("the refresh audited", lambda: any(r["kind"] == "action" and "refreshed" in (r.get("note") or "")
+                                                  for r in b.audit()), 30)
     records = b.audit()
     switch = [r["engaged"] for r in records if r["kind"] == "kill_switch"]
     assert switch == [True, False]
