@@ -877,19 +877,12 @@ def _check(args) -> int:
         names = {e["id"]: e["actuator"] for e in (_ask(args, {"verb": "journal"}) or {"entries": []})["entries"]}
     else:
         journal = _journal(args, WallClock())
-        ex = Executor(build_registry(_actuator_config(args)), journal, WallClock())
         entries = journal.open_entries()
-        opened, drifted, names = len(entries), {}, {}
-        for e in entries:
-            names[e.id] = e.change.get("actuator")
-            try:
-                differs = ex.drifted(e)
-            except ActuatorError as exc:
-                print(f"{e.id} {names[e.id] or '?':14s} cannot be read back: {exc}")
-                continue
-            if differs is not None:
-                drifted[e.id] = differs
+        opened, names = len(entries), {e.id: e.change.get("actuator") for e in entries}
+        drifted, unreadable = Executor(build_registry(_actuator_config(args)), journal, WallClock()).drifts()
         journal.close()
+        for jid, why in sorted(unreadable.items()):
+            print(f"{jid} {names.get(jid) or '?':14s} cannot be read back: {why}")
     for jid, differs in sorted(drifted.items()):
         print(f"{jid} {names.get(jid) or '?':14s} drifted: {differs}")
     print(f"{opened} open change(s), {len(drifted)} drifted")
@@ -936,6 +929,7 @@ def cmd_status(args) -> int:
 
 
 def _status_text(st: dict) -> str:
+    from .top import changes_and_rules
     held, pause, lim = st["enforcement"]["held"], st["enforcement"]["paused"], st["limits"]
     lines = [f"controller: running; mode {st['mode']}; {len(st['policies'])} policies, {st['targets']} targets"]
     if held == "kill_switch":
@@ -948,13 +942,7 @@ def _status_text(st: dict) -> str:
         lines.append("enforcement: on")
     lines.append(f"limits: {lim['active']} of {lim['max_active']} active changes; {lim['actions_last_hour']} of "
                  f"{lim['actions_per_hour']} actions in the last hour")
-    if st["changes"]:
-        lines.append("changes held:")
-        lines += [f"  {c['journal_id'] or '-':12s} {c['actuator']:14s} {c['policy']}/{c['rule']} {c['target']} "
-                  f"({c['mode']}): {c['summary']}" for c in st["changes"]]
-    lines.append("rules not ok:" if st["rules"] else "rules: every rule-target is ok")
-    lines += [f"  {r['policy']}/{r['rule']} {r['target']}: {r['state']} for {r['for_s']:g} s"
-              + (f"  [{r['evidence']}]" if r["evidence"] else "") for r in st["rules"]]
+    lines += changes_and_rules(st)
     if st["probes"]:
         lines.append("probes: " + ", ".join(f"{name} {state}" for name, state in sorted(st["probes"].items())))
     return "\n".join(lines)

@@ -165,6 +165,21 @@ class Executor:
             log.warning("%s: cannot read back: %s", change.actuator, exc)
             return None
 
+    def drifts(self) -> tuple[dict[str, str], dict[str, str]]:
+        """Every open journal entry read back: ``{id: what differs}`` for those
+        the system no longer shows, and ``{id: why}`` for those that cannot be
+        read back (an actuator this node lacks, a record it cannot read)."""
+        drifted, unreadable = {}, {}
+        for entry in self.journal.open_entries() if self.journal else ():
+            try:
+                differs = self.drifted(entry)
+            except (ActuatorError, AttributeError, KeyError, TypeError, ValueError) as exc:
+                unreadable[entry.id] = str(exc) or type(exc).__name__
+                continue
+            if differs is not None:
+                drifted[entry.id] = differs
+        return drifted, unreadable
+
     def drifted(self, entry: Entry) -> str | None:
         """What of an open journal entry the system no longer shows (someone
         changed it behind the controller's back), or None."""

@@ -97,7 +97,7 @@ def evidence_text(item) -> str:
     return f"{signal} {_number(item['value'])} {op} {rhs}"
 
 
-def _evidence(items) -> str:
+def evidence_words(items) -> str:
     """The items that hold (what breached or verified), else all, at most ``EVIDENCE_SHOWN``."""
     items = [i for i in (items or []) if i is not None]
     holding = [i for i in items if isinstance(i, dict) and i.get("ok")]
@@ -133,7 +133,7 @@ def _transition(rec: dict) -> str:
     text = f"{rec.get('from')} -> {rec.get('to')}"
     if rec.get("note"):
         text += f" ({rec['note']})"
-    evidence = _evidence(rec.get("evidence"))
+    evidence = evidence_words(rec.get("evidence"))
     return f"{_subject(rec)}: {text}" + (f": {evidence}" if evidence else "")
 
 

@@ -42,6 +42,7 @@ from .control import ControlError, Peer
 from .signals import CATALOGUE
 from .engine import _change_view
 from .journal import JournalWriteError
+from .narrate import evidence_words
 
 MODES = ("dry-run", "alert-only", "enforce")
 RATE_WINDOW = 10.0       # seconds over which a counter's rate is taken
@@ -50,21 +51,6 @@ LIVE_FOR = 60.0          # a series silent longer is not shown by top
 
 def _who(peer: Peer) -> str:
     return f"uid {peer.uid}, pid {peer.pid}"
-
-
-def _words(evidence: list[dict]) -> str:
-    """Evidence in a few words: ``step_time_ms 374 > 275, ...``."""
-    parts = []
-    for item in evidence or []:
-        value, threshold = item.get("value"), item.get("threshold")
-        if value is None:
-            parts.append(f"{item.get('signal')}: no data")
-            continue
-        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
-        limit = "" if threshold is None else f" {item.get('op')} {threshold:.4g}" if isinstance(threshold, float) \
-            else f" {item.get('op')} {threshold}"
-        parts.append(f"{item.get('signal')} {shown}{limit}" + ("" if item.get("ok") else " (not met)"))
-    return "; ".join(parts)
 
 
 class Steering:
@@ -89,7 +75,7 @@ class Steering:
         limits, pause = ctl.limits, ctl.limits.pause
         rules = [{"policy": run.policy.name, "rule": run.rule.name, "target": run.target_key, "labels": run.labels,
                   "state": run.state, "since": ctl.clock.to_wall(run.since), "for_s": round(now - run.since, 1),
-                  "evidence": _words(run.evidence)}
+                  "evidence": evidence_words(run.evidence)}
                  for run in ctl.runs.values() if run.state != "ok"]
         changes = [{"journal_id": ac.journal_id, "policy": run.policy.name, "rule": run.rule.name,
                     "target": run.target_key, "actuator": ac.change.actuator, "mode": ac.mode,
@@ -105,7 +91,6 @@ class Steering:
                            "actions_last_hour": limits.actions_last_hour(now),
                            "actions_per_hour": limits.settings.actions_per_hour},
                 "enforcement": {"held": ctl.hold, "kill_switch": limits.settings.kill_switch,
-                                "kill_switch_engaged": limits.kill_switch_engaged(),
                                 "paused": None if pause is None else {
                                     "reason": pause.reason, "by": pause.by,
                                     "since": ctl.clock.to_wall(pause.since),

@@ -350,12 +350,15 @@ def remote_samples(reply: dict) -> list[tuple[str, dict, float, float]]:
 
 def remote_rules(reply: dict) -> list[str]:
     """The lines below the signals: enforcement, changes held, rules not ok."""
-    lines = []
     held = reply["enforcement"]["held"]
-    if held:
-        lines.append(f"enforcement held: {held.replace('_', ' ')}")
-    lines += [f"change {c['journal_id'] or '-'}: {c['policy']}/{c['rule']} {c['target']} {c['actuator']} "
-              f"({c['mode']}): {c['summary']}" for c in reply["changes"]]
+    return ([f"enforcement held: {held.replace('_', ' ')}"] if held else []) + changes_and_rules(reply)
+
+
+def changes_and_rules(reply: dict) -> list[str]:
+    """A running controller's changes held and rules not ok, a line each
+    (``top`` and ``status``)."""
+    lines = [f"change {c['journal_id'] or '-'}: {c['policy']}/{c['rule']} {c['target']} {c['actuator']} "
+             f"({c['mode']}): {c['summary']}" for c in reply["changes"]]
     rules = reply["rules"]
     lines.append(f"rules not ok: {len(rules)} of {reply['targets']} targets" if rules
                  else f"rules: all {reply['targets']} targets ok")
