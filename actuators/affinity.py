@@ -44,7 +44,7 @@ target gone, ``revert`` counts the thread as a failure rather than a skip, and
 original: a change reverted is one whose masks were read back as restored.
 
 Where to pin: exactly one of ``node``, ``cpus``, ``device`` (a PCI address) or
-``locality: true`` (``specs.ALTERNATIVE_PARAMS``). Locality chooses the node at
+``locality: true`` (the spec's ``one_of``). Locality chooses the node at
 plan time: the NUMA node of a device the job reads from or sends on, when one
 is known and sysfs gives its node (the target's ``iface`` label, its ``dev``
 label as an RDMA or block device, then the selector's ``interfaces``: each
@@ -87,8 +87,8 @@ from reflexarc.core.procfs import ProcFS, ProcUnreadable
 from reflexarc.core.targets import ProcessGuard, Refusal, Refused, pid_label
 from reflexarc.core.topology import Topology, TopologyError
 
-from .base import Actuator, Change, PermanentActuatorError, Target, TargetRefused, TemporaryActuatorError
-from .specs import ALTERNATIVE_PARAMS, SPECS
+from .base import Actuator, Change, ParamError, PermanentActuatorError, Target, TargetRefused, TemporaryActuatorError
+from .specs import SPECS
 
 log = logging.getLogger("reflexarc.actuators.affinity")
 
@@ -118,7 +118,40 @@ def _gib(size: int) -> str:
     return f"{size / GIB:.1f} GiB"
 
 
-def _sysfs_name(name: str) -> bool:
+def memory_node(proc_root: str | Path, target: Target, lacking: str = "") -> tuple[int, str]:
+    """The NUMA node holding most of the memory of the target's training
+    processes (its ``trainer`` label, else the selector's ``pids``), from
+    their ``numa_maps``, and why, e.g. ``(1, "node 1, holding 75% of the memory
+    of training process 4242 (numa_maps: ...)")``. PermanentActuatorError when
+    there is none (``lacking`` says what was tried before) or nothing to read."""
+    try:
+        trainer = pid_label(target.labels, "trainer")
+    except ValueError as exc:
+        raise PermanentActuatorError(str(exc)) from None
+    pids = [trainer] if trainer is not None else [int(p) for p in target.selector.get("pids") or ()]
+    if not pids:
+        raise PermanentActuatorError(f"locality: {lacking}no training process (a trainer label or the "
+                                     "selector's pids) to read numa_maps of")
+    memory: dict[int, int] = {}
+    for pid in pids:
+        path = Path(proc_root) / str(pid) / "numa_maps"
+        try:
+            for node, size in numa_memory(path).items():
+                memory[node] = memory.get(node, 0) + size
+        except OSError as exc:
+            raise PermanentActuatorError(f"locality: cannot read {path}: {exc.strerror}") from None
+    if not memory:
+        raise PermanentActuatorError(f"locality: numa_maps of {', '.join(map(str, pids))} shows no memory "
+                                     "on any node")
+    node = max(sorted(memory), key=memory.__getitem__)
+    whose = "training process" if trainer is not None else "process" + ("es" if len(pids) > 1 else "")
+    share = round(100 * memory[node] / sum(memory.values()))
+    split = ", ".join(f"node {n} {_gib(size)}" for n, size in sorted(memory.items()))
+    return node, (f"node {node}, holding {share}% of the memory of {whose} {', '.join(map(str, pids))} "
+                  f"(numa_maps: {split})")
+
+
+def sysfs_name(name: str) -> bool:
     """A device name that names one entry of a sysfs class directory."""
     return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name
 
@@ -334,7 +367,7 @@ class AffinityActuator(Actuator):
         """The NUMA node sysfs gives device ``name`` of class ``cls`` (the first
         ``numa_node`` from its ``device`` up), None when it gives none."""
         link = self.topology.sys_root / "class" / cls / name / "device"
-        if not (_sysfs_name(name) and link.exists()):
+        if not (sysfs_name(name) and link.exists()):
             return None
         root, device = self.topology.sys_root.resolve(), link.resolve()
         for directory in (device, *device.parents):
@@ -369,47 +402,23 @@ class AffinityActuator(Actuator):
             node = self._device_node(cls, name)
             if node is not None:
                 return node, f"node {node}, that of {words}"
-        scope = self._scope(target)
-        pids = scope["pids"]
-        if not pids:
-            raise PermanentActuatorError("locality: no device of the job has a NUMA node in sysfs, and no "
-                                         "training process (a trainer label or the selector's pids) to read "
-                                         "numa_maps of")
-        memory: dict[int, int] = {}
-        for pid in pids:
-            path = Path(self.procfs.root) / str(pid) / "numa_maps"
-            try:
-                for node, size in numa_memory(path).items():
-                    memory[node] = memory.get(node, 0) + size
-            except OSError as exc:
-                raise PermanentActuatorError(f"locality: cannot read {path}: {exc.strerror}") from None
-        if not memory:
-            raise PermanentActuatorError(f"locality: numa_maps of {', '.join(map(str, pids))} shows no memory "
-                                         "on any node")
-        node = max(sorted(memory), key=memory.__getitem__)
-        whose = "training process" if scope["trainer"] is not None else "process" + ("es" if len(pids) > 1 else "")
-        share = round(100 * memory[node] / sum(memory.values()))
-        split = ", ".join(f"node {n} {_gib(size)}" for n, size in sorted(memory.items()))
-        return node, (f"node {node}, holding {share}% of the memory of {whose} {', '.join(map(str, pids))} "
-                      f"(numa_maps: {split})")
+        return memory_node(self.procfs.root, target, "no device of the job has a NUMA node in sysfs, and ")
 
     def target_cpus(self, params: dict, target: Target | None = None) -> tuple[list[int], str]:
         """The CPUs ``params`` ask for and where they come from, e.g. ``([1], "node 1")``;
         ``locality`` needs the ``target`` it is chosen for."""
         params = self.checked(params, partial=True)
-        choices = ALTERNATIVE_PARAMS[self.spec.name]
-        given = [k for k in choices if params.get(k) is not None and params[k] is not False
-                 and params[k] not in ("", [])]
-        if len(given) != 1:
-            raise PermanentActuatorError(f"affinity needs exactly one of {', '.join(map(repr, choices))} "
-                                         f"(got {', '.join(given) or 'none'})")
         try:
-            if given == ["cpus"]:
+            given = self.spec.chosen(params)
+        except ParamError as exc:
+            raise PermanentActuatorError(str(exc)) from None
+        try:
+            if given == ("cpus",):
                 cpus, where = list(params["cpus"]), "explicit list"
-            elif given == ["node"]:
+            elif given == ("node",):
                 node = params["node"]
                 cpus, where = self.topology.node_cpus(node), f"node {node}"
-            elif given == ["device"]:
+            elif given == ("device",):
                 node = self.topology.device_node(str(params["device"]))
                 if node is None:
                     raise PermanentActuatorError(f"PCI device {params['device']} reports numa_node -1: "
@@ -420,11 +429,9 @@ class AffinityActuator(Actuator):
                     raise PermanentActuatorError("locality is chosen for a target: plan the change")
                 node, where = self.local_node(target)
                 cpus = self.topology.node_cpus(node)
+            self.topology.require_online(cpus)
         except TopologyError as exc:
             raise PermanentActuatorError(str(exc)) from None
-        online = self.topology.online_cpus()
-        if online is not None and set(cpus) - set(online):
-            raise PermanentActuatorError(f"CPUs {format_cpulist(set(cpus) - set(online))} are not online")
         reserved = set(params.get("reserved_cpus") or ())
         cpus = [c for c in cpus if c not in reserved]
         if not cpus:

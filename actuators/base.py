@@ -26,7 +26,7 @@ from typing import Any, Callable
 from reflexarc.core.params import EVIDENCE_PARAM, ActuatorSpec, ParamError, ParamSpec, check_params
 from reflexarc.core.targets import Refusal, Refused, target_key
 
-__all__ = ["EVIDENCE_PARAM", "Actuator", "ActuatorError", "ActuatorSpec", "Change", "ParamSpec",
+__all__ = ["EVIDENCE_PARAM", "Actuator", "ActuatorError", "ActuatorSpec", "Change", "ParamError", "ParamSpec",
            "PermanentActuatorError", "Registry", "Target", "TargetRefused", "TemporaryActuatorError"]
 
 
@@ -106,10 +106,6 @@ class Actuator:
     @property
     def name(self) -> str:
         return self.spec.name
-
-    @property
-    def supports_dry_run(self) -> bool:
-        return self.spec.supports_dry_run
 
     def checked(self, params: dict, partial: bool = False) -> dict:
         """``params`` in their canonical forms (``reflexarc.core.params``); a bad,

@@ -16,7 +16,11 @@
  * A rule may also set skb->priority so an HTB qdisc can classify on it.
  * The program always returns TC_ACT_UNSPEC so filters after it still run.
  *
+ * The structs of the maps and their flags are in dscp.h, shared with the
+ * loader's ctypes mirror (offsets checked by tests/test_bpf_struct_layout.py).
+ *
  * Parameters (cflags from the loader):
+ *   -I            this directory, for dscp.h
  *   MAX_RULES     entries of the rules array
  *   RULE_SIZE     sizeof(struct rule) as the loader lays it out (checked below)
  *   PIN_RULES, PIN_IFACES, PIN_META   bpffs paths of the pinned maps
@@ -31,44 +35,9 @@
 #include <uapi/linux/ipv6.h>
 #include <uapi/linux/pkt_cls.h>
 
-#define RULE_SET_PRIORITY 1
-#define RULE_MATCH_ADDR   2
-#define RULE_MATCH_PORTS  4
-
-struct rule {
-    u64 netns;          /* netns cookie of the interface */
-    u64 cgroup_id;      /* 0: any socket */
-    u64 owner;          /* the change that wrote this rule */
-    u64 seq;            /* precedence: the highest matching seq wins */
-    u32 ifindex;        /* 0: free slot */
-    u32 priority;       /* skb->priority when RULE_SET_PRIORITY */
-    u32 addr[4];        /* network order, already masked; IPv4 uses addr[0] */
-    u32 mask[4];
-    u16 port_lo;        /* host order, inclusive */
-    u16 port_hi;
-    u8 family;          /* 0: any, 4, 6 */
-    u8 l4proto;         /* 0: any, IPPROTO_TCP, IPPROTO_UDP */
-    u8 dscp;            /* 0-63 */
-    u8 flags;
-};
+#include "dscp.h"
 
 _Static_assert(sizeof(struct rule) == RULE_SIZE, "struct rule differs from the loader's layout");
-
-struct iface_key {
-    u64 netns;
-    u32 ifindex;
-    u32 pad;
-};
-
-struct iface {
-    u32 l3_off;         /* bytes before the IP header: 14 on Ethernet, 0 on L3 devices */
-    u32 flags;          /* owned by the loader (e.g. "we created the clsact qdisc") */
-};
-
-struct meta {
-    u32 used;           /* high-water mark: slots >= used are free */
-    u32 pad;
-};
 
 BPF_TABLE_PINNED("array", u32, struct rule, rules, MAX_RULES, PIN_RULES);
 BPF_TABLE_PINNED("hash", struct iface_key, struct iface, ifaces, 1024, PIN_IFACES);

@@ -3,8 +3,10 @@ one tc-BPF classifier per interface (clsact egress), so the fabric can queue
 them apart (e.g. the gradient all-reduce ports as AF41, bulk checkpoint traffic
 as LE).
 
-The classifier is ``dscp.bpf.c`` beside this loader. Which flows get which
-DSCP lives in a pinned BPF map of rules, so a new or changed mark is a map
+The classifier is ``dscp.bpf.c`` beside this loader; the structs and flags of
+its maps are in ``dscp.h``, mirrored here in ctypes. It hangs on the clsact
+hook through ``core/tc.py``, as the link_traffic probe does. Which flows get
+which DSCP lives in a pinned BPF map of rules, so a new or changed mark is a map
 update (~µs), not a filter re-attach (~ms). Program and maps are pinned under
 bpffs (``/sys/fs/bpf/reflexarc/dscp``: ``prog``, ``rules``, ``ifaces``,
 ``meta``), so marking keeps working when this process exits and a restarted
@@ -69,12 +71,13 @@ Only traffic through the kernel stack passes tc: RDMA verbs traffic bypasses it
 
 Overhead: one LLVM compile per process, and only when nothing is pinned yet
 (~2 s, ~130 MB peak RSS); plan/apply/revert then cost a few netlink round trips
-(~40 ms with a namespace switch) and map updates (~µs). ``exists``, asked every
-tick while a change is active, opens one netlink socket and looks up each
-interface: ~0.5 ms in the controller's own namespace, ~7 ms in another (the
-namespace switch). Per packet, measured with BPF_PROG_TEST_RUN: ~0.08 µs on an
-interface without rules, ~0.2 µs with 1-8 rules, ~0.5 µs with 64 used slots
-(~6 ns per slot); a GSO skb is one run; setting ``skb->priority`` adds a store.
+and map updates: 3-7 ms each on a veth in another namespace. ``exists``, asked
+every tick while a change is active, opens one netlink socket and looks up each
+interface: ~0.8 ms, in the controller's own namespace or another (a short-lived
+thread joins it, ``core/tc.py``). Per packet, measured with BPF_PROG_TEST_RUN:
+~0.08 µs on an interface without rules, ~0.2 µs with 1-8 rules, ~0.5 µs with 64
+used slots (~6 ns per slot); a GSO skb is one run; setting ``skb->priority``
+adds a store.
 """
 from __future__ import annotations
 
@@ -91,24 +94,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from reflexarc.core.cgroups import cgroup2_mounts
+from reflexarc.core.cgroups import cgroup2_id, cgroup2_mounts
 from reflexarc.core.dscp import dscp_name
 from reflexarc.core.params import ParamError, convert
 from reflexarc.core.ports import port_ranges
+from reflexarc.core.tc import EgressFilter, Netns, NetnsGone, add_clsact, del_clsact, has_clsact, root_qdisc
 
 from .base import Actuator, Change, PermanentActuatorError, Target, TemporaryActuatorError
-from .specs import SPECS, VALUE_CHECKS, class_priority, netns_ref
+from .specs import SPECS, class_priority, netns_ref
 
 SOURCE = Path(__file__).with_name("dscp.bpf.c")
+HEADER = SOURCE.with_name("dscp.h")       # the structs and flags below, in C
 DEFAULT_PIN_DIR = "/sys/fs/bpf/reflexarc/dscp"
 FILTER_PRIO = 3420          # tc priority ("pref") of our egress filter, fixed and distinctive
 FILTER_HANDLE = 0xD5C
 FILTER_NAME = "dscp_egress"
+FILTER = EgressFilter(FILTER_PRIO, FILTER_HANDLE, (FILTER_NAME,))
 PIN_NAMES = ("prog", "rules", "ifaces", "meta")   # the program first: without it a set is incomplete
-TC_EGRESS, TC_INGRESS = 0xFFFFFFF3, 0xFFFFFFF2
-TC_H_ROOT = 0xFFFFFFFF      # parent of an interface's root qdisc
-IFACE_CLSACT_CREATED = 1
-SO_NETNS_COOKIE = 71
+IFACE_CLSACT_CREATED = 1    # dscp.h, like the RULE_* flags and the structs below
 
 PROTOCOLS = {"any": 0, "tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
 
@@ -120,7 +123,7 @@ RULE_SET_PRIORITY, RULE_MATCH_ADDR, RULE_MATCH_PORTS = 1, 2, 4
 
 
 class _Rule(ctypes.Structure):
-    """``struct rule`` of dscp.bpf.c, field for field."""
+    """``struct rule`` of dscp.h, field for field."""
     _fields_ = [("netns", ctypes.c_uint64), ("cgroup_id", ctypes.c_uint64),
                 ("owner", ctypes.c_uint64), ("seq", ctypes.c_uint64),
                 ("ifindex", ctypes.c_uint32), ("priority", ctypes.c_uint32),
@@ -131,14 +134,17 @@ class _Rule(ctypes.Structure):
 
 
 class _IfaceKey(ctypes.Structure):
+    """``struct iface_key`` of dscp.h."""
     _fields_ = [("netns", ctypes.c_uint64), ("ifindex", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
 
 
 class _Iface(ctypes.Structure):
+    """``struct iface`` of dscp.h."""
     _fields_ = [("l3_off", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
 
 
 class _Meta(ctypes.Structure):
+    """``struct meta`` of dscp.h."""
     _fields_ = [("used", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
 
 
@@ -277,33 +283,22 @@ def _netlink_error(what: str, exc: Exception) -> Exception:
     return PermanentActuatorError(text)
 
 
-class _NetnsGone(Exception):
-    pass
-
-
 class _Link:
-    """Netlink access to the interfaces of one network namespace (pyroute2)."""
+    """Netlink access to the interfaces of one network namespace (``core/tc.py``);
+    ``NetnsGone`` when there is no such namespace."""
 
     def __init__(self, netns: str) -> None:
-        from pyroute2 import IPRoute
-        self.netns = netns
-        try:
-            self.ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
-        except FileNotFoundError:
-            raise _NetnsGone(netns) from None
+        self.netns = Netns(netns)
+        self.ipr, self._cookie = self.netns.netlink()
 
     def close(self) -> None:
         self.ipr.close()
 
     def where(self) -> str:
-        return f" in netns {self.netns}" if self.netns else ""
+        return self.netns.where()
 
     def cookie(self) -> int:
-        sock = socket.socket(fileno=os.dup(self.ipr.fileno()))
-        try:
-            return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "little")
-        finally:
-            sock.close()
+        return self._cookie
 
     def ifindex(self, name: str) -> int | None:
         found = self.ipr.link_lookup(ifname=name)
@@ -322,13 +317,13 @@ class _Link:
     def check_class(self, index: int, name: str, cls: str) -> None:
         """PermanentActuatorError unless ``cls`` is a leaf class of the root qdisc of ``index``."""
         try:
-            roots = [q for q in self.ipr.get_qdiscs(index=index) if q["index"] == index and q["parent"] == TC_H_ROOT]
+            root = root_qdisc(self.ipr, index)
             found = [c for c in self.ipr.get_classes(index=index) if c["index"] == index]
         except Exception as exc:
             raise _netlink_error(f"cannot list the qdiscs and classes of {name}{self.where()}", exc) from exc
-        if not roots:
+        if root is None:
             raise PermanentActuatorError(f"{name}{self.where()} has no root qdisc, so no class {cls}")
-        kind, major = roots[0].get_attr("TCA_KIND"), roots[0]["handle"] >> 16
+        kind, major = root.get_attr("TCA_KIND"), root["handle"] >> 16
         parents = {c["handle"]: c["parent"] for c in found if c["handle"] >> 16 == major}
         if not parents:
             raise PermanentActuatorError(f"{name}{self.where()} has qdisc {kind}, which has no classes")
@@ -343,52 +338,39 @@ class _Link:
                 f"({', '.join(map(_class_text, children))}); {kind} queues packets only in leaf classes")
 
     def has_clsact(self, index: int) -> bool:
-        return any(q["index"] == index and q.get_attr("TCA_KIND") == "clsact"
-                   for q in self.ipr.get_qdiscs(index=index))
+        return has_clsact(self.ipr, index)
 
-    def _filters(self, index: int, parent: int) -> list:
+    def _call(self, what: str, fn, *args, **kwargs):
         try:
-            return [f for f in self.ipr.get_filters(index=index, parent=parent) if f["index"] == index]
+            return fn(self.ipr, *args, **kwargs)
         except Exception as exc:
-            raise _netlink_error(f"cannot list filters of ifindex {index}{self.where()}", exc) from exc
+            raise _netlink_error(f"{what}{self.where()}", exc) from exc
 
     def has_our_filter(self, index: int, name: str = "") -> bool:
         """True when our filter is on egress; raises when another filter holds our priority."""
-        for f in self._filters(index, TC_EGRESS):
-            if f["info"] >> 16 != FILTER_PRIO or f["handle"] == 0:
-                continue
-            options = f.get_attr("TCA_OPTIONS")
-            if (f.get_attr("TCA_KIND") == "bpf" and f["handle"] == FILTER_HANDLE and options
-                    and options.get_attr("TCA_BPF_NAME") == FILTER_NAME):
+        for f in self._call(f"cannot list filters of ifindex {index}", FILTER.at_prio, index):
+            if FILTER.name_of(f) is not None:
                 return True
             raise PermanentActuatorError(f"egress of {name or index}{self.where()} has a foreign filter "
                                          f"at priority {FILTER_PRIO}, the one reserved for DSCP marking")
         return False
 
-    def other_filters(self, index: int) -> int:
-        return sum(1 for parent in (TC_INGRESS, TC_EGRESS) for f in self._filters(index, parent)
-                   if f["info"] >> 16 != FILTER_PRIO)
-
-    def _tc(self, what: str, *args, **kwargs) -> None:
-        try:
-            self.ipr.tc(*args, **kwargs)
-        except Exception as exc:
-            raise _netlink_error(f"{what}{self.where()}", exc) from exc
+    def filter_alone(self, index: int) -> bool:
+        """No other filter than ours on either clsact hook."""
+        return self._call(f"cannot list filters of ifindex {index}", FILTER.alone, index)
 
     def add_clsact(self, index: int) -> None:
-        self._tc(f"cannot add clsact to ifindex {index}", "add", "clsact", index)
+        self._call(f"cannot add clsact to ifindex {index}", add_clsact, index)
 
     def del_clsact(self, index: int) -> None:
-        self._tc(f"cannot delete clsact of ifindex {index}", "del", "clsact", index)
+        self._call(f"cannot delete clsact of ifindex {index}", del_clsact, index)
 
     def set_filter(self, index: int, prog_fd: int, replace: bool) -> None:
-        self._tc(f"cannot attach the DSCP filter to ifindex {index}", "replace-filter" if replace else "add-filter",
-                 "bpf", index, FILTER_HANDLE, fd=prog_fd, name=FILTER_NAME, parent=TC_EGRESS,
-                 prio=FILTER_PRIO, direct_action=True)
+        self._call(f"cannot attach the DSCP filter to ifindex {index}", FILTER.add, index, prog_fd, FILTER_NAME,
+                   replace=replace)
 
     def del_filter(self, index: int) -> None:
-        self._tc(f"cannot delete the DSCP filter of ifindex {index}", "del-filter", "bpf", index,
-                 FILTER_HANDLE, parent=TC_EGRESS, prio=FILTER_PRIO)
+        self._call(f"cannot delete the DSCP filter of ifindex {index}", FILTER.delete, index)
 
 
 # --- rules <-> JSON ------------------------------------------------------------------
@@ -441,20 +423,6 @@ def _rule_struct(rule: dict, netns: int, ifindex: int) -> _Rule:
     return r
 
 
-def _cgroup_id(path: str) -> int:
-    """cgroup v2 id (the directory's inode) of a cgroup path, absolute or relative
-    to the cgroup2 mount."""
-    roots = [str(m) for m in cgroup2_mounts()]
-    if not roots:
-        raise PermanentActuatorError("no cgroup2 hierarchy is mounted: cannot match a job's cgroup")
-    candidates = [Path(path)] if any(path.startswith(r.rstrip("/") + "/") for r in roots) else \
-        [Path(r) / path.lstrip("/") for r in roots]
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate.stat().st_ino
-    raise PermanentActuatorError(f"cgroup '{path}' not found in the cgroup2 hierarchy ({', '.join(roots)})")
-
-
 class DscpActuator(Actuator):
     spec = SPECS["dscp"]
 
@@ -465,13 +433,14 @@ class DscpActuator(Actuator):
 
     # --- the C program --------------------------------------------------------
     def cflags(self) -> list[str]:
-        return [f"-DMAX_RULES={self.max_rules}", f"-DRULE_SIZE={ctypes.sizeof(_Rule)}",
+        return [f"-I{SOURCE.parent}", f"-DMAX_RULES={self.max_rules}", f"-DRULE_SIZE={ctypes.sizeof(_Rule)}",
                 *(f'-DPIN_{name.upper()}="{self.pin_dir / name}"' for name in ("rules", "ifaces", "meta"))]
 
     def dump_bpf(self) -> str:
-        """The C as the compiler sees it: the cflags, then the source."""
+        """The C as the compiler sees it: the cflags, then the source with dscp.h in place."""
         flags = "\n".join(f"// cflag: {f}" for f in self.cflags())
-        return f"// actuator: dscp (loader actuators/dscp.py)\n{flags}\n{SOURCE.read_text()}"
+        source = SOURCE.read_text().replace(f'#include "{HEADER.name}"\n', HEADER.read_text())
+        return f"// actuator: dscp (loader actuators/dscp.py)\n{flags}\n{source}"
 
     def prepare(self) -> None:
         """Compile the classifier now (~1 s of LLVM) rather than during the first
@@ -622,7 +591,7 @@ class DscpActuator(Actuator):
     def _link(self, netns: str) -> Iterator[_Link]:
         try:
             link = _Link(netns)
-        except _NetnsGone:
+        except NetnsGone:
             raise PermanentActuatorError(f"network namespace '{netns}' does not exist") from None
         try:
             yield link
@@ -661,12 +630,6 @@ class DscpActuator(Actuator):
     def _normalize(self, target: Target, params: dict) -> dict:
         sel = target.selector
         params = self.checked(params)
-        for (actuator, name), check in VALUE_CHECKS.items():
-            if actuator == self.name and params.get(name):
-                try:
-                    params[name] = check(params[name])
-                except ValueError as exc:
-                    raise PermanentActuatorError(f"parameter '{name}' of '{self.name}': {exc}") from None
         try:
             interfaces = params.get("interfaces") or convert(self.spec.param("interfaces"), sel.get("interfaces"))
             ports = params.get("ports") or port_ranges(sel.get("ports"))
@@ -679,7 +642,13 @@ class DscpActuator(Actuator):
         if params.get("match_cgroup"):
             if not sel.get("cgroup"):
                 raise PermanentActuatorError("match_cgroup needs the selector's cgroup")
-            cgroup_id = _cgroup_id(str(sel["cgroup"]))
+            roots = cgroup2_mounts()
+            if not roots:
+                raise PermanentActuatorError("no cgroup2 hierarchy is mounted: cannot match a job's cgroup")
+            cgroup_id = cgroup2_id(str(sel["cgroup"]))
+            if cgroup_id is None:
+                raise PermanentActuatorError(f"cgroup '{sel['cgroup']}' not found in the cgroup2 hierarchy "
+                                             f"({', '.join(map(str, roots))})")
         return {"dscp": params["dscp"], "interfaces": interfaces, "netns": netns,
                 "protocol": params.get("protocol") or "tcp", "ports": [list(r) for r in ports],
                 "addresses": params.get("addresses") or [], "class": params.get("class"),
@@ -844,7 +813,7 @@ class DscpActuator(Actuator):
         path, or a namespace by that name that is not the one planned in."""
         try:
             link = _Link(p["netns"])
-        except _NetnsGone:
+        except NetnsGone:
             return None
         if link.cookie() != p["netns_cookie"]:
             link.close()
@@ -877,7 +846,7 @@ class DscpActuator(Actuator):
             if pinned and not keep_filter:
                 pinned.ifaces.delete(key)
             if (created and link.has_clsact(index) and not link.has_our_filter(index, name)
-                    and link.other_filters(index) == 0):
+                    and link.filter_alone(index)):
                 link.del_clsact(index)
         if pinned:
             self._forget(pinned, cookie, keep=link.indexes())

@@ -71,7 +71,8 @@ import struct
 import threading
 import time
 from collections import deque
-from concurrent.futures import CancelledError, Future, TimeoutError as FutureTimeout
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -183,7 +184,7 @@ class Hooks:
         socket 0660 and owned by that group; the SO_PEERCRED check still applies.
         Raises HookDirError when a script that is not root has no job directory."""
         if job is None or rank is None:
-            from reflexarc.core.launchers import from_environ, recognised   # only when the launcher names it
+            from reflexarc.core.launchers import from_environ, recognised  # only when the launcher names it
             launch = from_environ(recognised(b"\0".join(b"%s=%s" % kv for kv in os.environb.items())))
             if job is None and launch is None:
                 raise ValueError("no job given and none in the environment (no launcher set one): "

@@ -1,21 +1,25 @@
 """Builds the registry of real actuators for a node from one configuration.
 
-Implementations are imported only when first used, so a node without bcc can
-still run the actuators that do not need it.
+Each actuator is built as its spec says (``ActuatorSpec.implementation``, a
+``module:Class`` in this package, given the ``ActuatorConfig`` fields its
+``takes`` names), and its module is imported only when first used, so a node
+without bcc can still run the actuators that do not need it.
 
 Example::
 
     registry = build_registry(ActuatorConfig(state_dir="/var/lib/reflexarc"))
     registry.get("affinity").plan(target, {"node": 0})
+    build(SPECS["sysctl"], ActuatorConfig(proc_root="/tmp/proc"))   # SysctlActuator(proc_root="/tmp/proc")
 
-Overhead: none until an actuator is used.
+Overhead: none until an actuator is used; then one import.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Registry
+from .base import Actuator, ActuatorSpec, Registry
 from .specs import SPECS
 
 
@@ -31,37 +35,15 @@ class ActuatorConfig:
     deep_tier: Any = None          # the probe manager that switches the deep tier
 
 
+def build(spec: ActuatorSpec, config: ActuatorConfig) -> Actuator:
+    """The implementation of ``spec``, given the fields of ``config`` it takes."""
+    module, _, name = spec.implementation.partition(":")
+    cls = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+    return cls(**{field: getattr(config, field) for field in spec.takes})
+
+
 def build_registry(config: ActuatorConfig) -> Registry:
-    def log():
-        from .log import LogActuator
-        return LogActuator()
-
-    def sysctl():
-        from .sysctl import SysctlActuator
-        return SysctlActuator(proc_root=config.proc_root)
-
-    def affinity():
-        from .affinity import AffinityActuator
-        return AffinityActuator(proc_root=config.proc_root, sys_root=config.sys_root)
-
-    def dscp():
-        from .dscp import DscpActuator
-        return DscpActuator()
-
-    def alert():
-        from .alert import AlertActuator
-        return AlertActuator(alertmanager_url=config.alertmanager_url, webhook_url=config.webhook_url,
-                             audit_path=config.audit_path)
-
-    def framework_hook():
-        from .framework_hook import FrameworkHookActuator
-        return FrameworkHookActuator(hook_dir=config.hook_dir)
-
-    def deep_tracing():
-        from .deep_tracing import DeepTracingActuator
-        return DeepTracingActuator(deep_tier=config.deep_tier)
-
     registry = Registry()
-    for factory in (log, sysctl, affinity, dscp, alert, framework_hook, deep_tracing):
-        registry.register(SPECS[factory.__name__], factory)
+    for spec in SPECS.values():
+        registry.register(spec, lambda spec=spec: build(spec, config))
     return registry

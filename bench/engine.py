@@ -37,13 +37,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine_policies import TARGETS, feed, policies, registry
 from transitions.core import Machine
 
-from engine_policies import TARGETS, feed, policies, registry
-from reflexarc.controller.audit import AuditLog
-from reflexarc.controller.bus import SignalBus
-from reflexarc.controller.clock import SimClock
-from reflexarc.controller.engine import Controller
+from reflexarc.controller.engine.audit import AuditLog
+from reflexarc.controller.engine.bus import SignalBus
+from reflexarc.controller.engine.clock import SimClock
+from reflexarc.controller.engine.engine import Controller
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.json"
 WARMUP = 60

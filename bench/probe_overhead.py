@@ -65,6 +65,7 @@ from observers import Observer, ObserverFailed
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "probe_overhead.json"
+FAILED = "failed"                   # a row's key: the configuration could not be measured (why)
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 LOADER = LoaderWorkload.name
 
@@ -246,7 +247,7 @@ def run_table(workloads: dict, seconds: dict, configs: list[Config], reps: int, 
     for config in configs:
         row = {"group": config.group, "name": config.name, "peer_of": config.peer_of}
         if config.name in rounds.failures:
-            row["failed"] = rounds.failures[config.name].splitlines()[0][:300]
+            row[FAILED] = rounds.failures[config.name].splitlines()[0][:300]
         else:
             row.update({name: summary_of(rounds, name, config.name) for name in workloads})
             row["start_s"] = median_ci(rounds.start_s.get(config.name, [])).median
@@ -340,8 +341,8 @@ def markdown(result: dict) -> str:
               "| what | kind | " + " | ".join(names) + " | start (s) |", "|---|---|" + "---|" * len(names) + "---|"]
     for row in result["table"]["rows"]:
         name = row["name"] + (f" (cf. {row['peer_of']})" if row.get("peer_of") else "")
-        if "failed" in row:
-            lines.append(f"| {name} | {row['group']} | failed: {row['failed'][:80]} |" + " |" * len(names))
+        if FAILED in row:
+            lines.append(f"| {name} | {row['group']} | failed: {row[FAILED][:80]} |" + " |" * len(names))
             continue
         lines.append(f"| {name} | {row['group']} | " + " | ".join(ratio_cell(row[n]) for n in names)
                      + f" | {row['start_s']:.1f} |")

@@ -45,6 +45,9 @@ RESULTS = HERE / "results" / "reliability.json"
 SUITE = "tests/test_reliability.py"
 sys.path.insert(0, str(ROOT / "tests"))
 from reliability.counts import SIGTERM_FILE, counts_for  # noqa: E402
+
+from reflexarc.core.outcomes import Outcome  # noqa: E402
+
 ACTUATORS = ("affinity", "dscp", "framework_hook", "deep_tracing")
 SIGTERM_BOUND_S = 2.0
 
@@ -140,7 +143,7 @@ def table(r: dict) -> str:
     for act, p in r.get("sigkill", {}).items():
         rows.append((f"SIGKILL + restart: {act}", str(p["trials"]),
                      f"{p['leaks']} leaks, {p['killed']} killed, {p['live_at_kill']} live at the kill, "
-                     f"{p['journal_at_kill'].get('applied', 0)} journaled applied, {p['restarts_killed']} restarts "
+                     f"{p['journal_at_kill'].get(Outcome.APPLIED, 0)} journaled applied, {p['restarts_killed']} restarts "
                      f"killed too, {len(p['errors'])} errors",
                      f"trial {_fmt(p.get('worst_trial_s'), ' s')}"))
     f = r.get("fuzz")
@@ -164,7 +167,7 @@ def table(r: dict) -> str:
     j = r.get("journal_damage")
     if j:
         rows.append(("damaged journal, then rollback", str(j["cases"]),
-                     f"{j['reverted']} reverted, {len(j['failures'])} failures", "-"))
+                     f"{j[Outcome.REVERTED]} reverted, {len(j['failures'])} failures", "-"))
     st = r.get("signal_storm")
     if st:
         rows.append((f"signal storm ({st['samples']:,} samples)", str(st["trials"]),

@@ -10,7 +10,7 @@ a live dry-run of one rule over 40 training processes, Unix timestamps):
 - ``wide``: ``flapping`` with re-pins of 64 threads, so each action carries a
   64-entry before/after and its diff.
 
-Each trail is reported by the real CLI in a child process (``reflexarc.controller.cli.main``
+Each trail is reported by the real CLI in a child process (``reflexarc.controller.cli.main.main``
 with ``report``), timed from start to exit; its peak RSS is the child's own
 ``VmHWM`` (``/proc/self/status`` as it ends: ``wait4`` would also count the
 memory of this process, which the child's address space started as). The report is then checked against what the generator
@@ -53,7 +53,7 @@ SHAPES = {"steady": {"events_every": 50}, "flapping": {"events_every": 1},
 TARGET_S = 10.0           # the goal for 200,000 records on the 2-core test machine
 CHILD = """\
 import sys
-from reflexarc.controller.cli import main
+from reflexarc.controller.cli.main import main
 code = main(["report", *sys.argv[1:]])
 status = open("/proc/self/status").read().split("VmHWM:")[1].split()[0]
 print(f"VmHWM {status}", file=sys.stderr)

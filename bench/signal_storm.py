@@ -49,6 +49,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from reflexarc.core.outcomes import Outcome
 from reflexarc.simulations.testbed.local_server import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -139,7 +140,7 @@ def command(tree: Path | None, shim: Path) -> list[str]:
         if not (pkg / name).exists():
             (pkg / name).symlink_to(tree.resolve() / name)
     return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(shim)!r}); "
-                                  "from reflexarc.controller.cli import main; sys.exit(main())"]
+                                  "from reflexarc.controller.cli.main import main; sys.exit(main())"]
 
 
 def scrape(port: int) -> dict:
@@ -236,7 +237,7 @@ def trial(tmp: Path, storm: Path, delay: float | None, cmd: list[str], policies:
     result["summary"] = summary
     result["audit_end"] = any(r["kind"] == "end" for r in records)
     result["knob_reverted"] = knob.read_text().strip() == "1"
-    result["ok"] = (proc.returncode == 0 and summary is not None and summary.get("reverted") == 1
+    result["ok"] = (proc.returncode == 0 and summary is not None and summary.get(Outcome.REVERTED) == 1
                     and result["audit_end"] and result["knob_reverted"])
     return result
 

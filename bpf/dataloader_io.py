@@ -49,11 +49,11 @@ from __future__ import annotations
 
 from reflexarc.core.procfs import ProcFS
 from reflexarc.core.signals import SignalSpec
+from reflexarc.core.trainers import Trainers
 
 from .loghist import SLOTS, quantiles
 from .maps import RunningTotals, drain_hists, sync_selection
 from .probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
-from reflexarc.core.trainers import Trainers
 
 # Reads of files, and receives on sockets: a worker that fetches its items from
 # an object store (S3, GCS, an HTTP dataset server) reads them with recvfrom.

@@ -27,7 +27,7 @@ Attach levels, best first (``fallback_order``; ``level=`` starts lower):
    dies leaves nothing attached. Supported when ``BPF_PROG_QUERY`` knows
    ``BPF_TCX_EGRESS``.
 2. ``clsact``: a cls_bpf filter in direct-action mode on the clsact egress
-   hook (pyroute2), at ``FILTER_PRIO`` 3400 / ``FILTER_HANDLE`` 0x4c54 /
+   hook (``core/tc.py``), at ``FILTER_PRIO`` 3400 / ``FILTER_HANDLE`` 0x4c54 /
    ``FILTER_NAME``, ahead of the DSCP marker (3420) and tc's automatic
    priorities. Used when tcx is missing or refused. The filter is removed on
    ``stop()``; one left by a killed process is found and removed at the next
@@ -41,10 +41,10 @@ Attach levels, best first (``fallback_order``; ``level=`` starts lower):
 
 Work in another namespace (the tcx link, whose ifindex the kernel resolves in
 the caller's namespace, the netlink socket, the ethtool ioctl) runs in a
-short-lived thread that joined it with setns(2); setns changes only the calling
-thread, so the controller's other threads stay where they are. The probe holds
-no reference that would keep a deleted namespace alive for longer than one
-collect interval.
+short-lived thread that joined it with setns(2) (``core/tc.py``); setns changes
+only the calling thread, so the controller's other threads stay where they are.
+The probe holds no reference that would keep a deleted namespace alive for
+longer than one collect interval.
 
 Signals, each with ``node``, ``iface`` and ``netns`` (the selection's string)::
 
@@ -123,10 +123,10 @@ import os
 import platform
 import socket
 import struct
-import threading
 from dataclasses import dataclass, field
 
 from reflexarc.core.signals import SignalSpec
+from reflexarc.core.tc import EgressFilter, Netns, NetnsGone, add_clsact, del_clsact, has_clsact, root_qdisc
 
 from .probe import DEGRADED, OK, STOPPED, UNSUPPORTED, Probe, ProbeStatus, Selection
 
@@ -137,10 +137,9 @@ FILTER_PRIO = 3400                  # ahead of the DSCP marker's 3420
 FILTER_HANDLE = 0x4C54
 FILTER_NAME = "link_traffic"        # the clsact qdisc was there before us
 FILTER_NAME_OWNS_QDISC = "link_traffic+clsact"   # we created the clsact qdisc
-TC_EGRESS, TC_INGRESS, TC_H_ROOT = 0xFFFFFFF3, 0xFFFFFFF2, 0xFFFFFFFF
+FILTER = EgressFilter(FILTER_PRIO, FILTER_HANDLE, (FILTER_NAME, FILTER_NAME_OWNS_QDISC))
 
 SLOT_NONE = 0                       # struct count_key.traffic in link_traffic.bpf.c: no job's
-TRAFFIC_OTHER, TRAFFIC_JOB = SLOT_NONE, 1   # with one explicit cgroup selection, its job is slot 1
 EXPLICIT = None                     # the owner of a slot for Selection.traffic_cgroup_ids
 
 # bpf(2), values checked against the 6.18 UAPI (BTF of /sys/kernel/btf/vmlinux)
@@ -151,8 +150,6 @@ BPF_TCX_EGRESS = 47
 BPF_F_BEFORE = 1 << 3
 BPF_FUNC_GET_NETNS_COOKIE = 122
 
-CLONE_NEWNET = 0x40000000
-SO_NETNS_COOKIE = 71
 SIOCETHTOOL = 0x8946
 ETHTOOL_GSET, ETHTOOL_GLINKSETTINGS = 0x1, 0x4C
 
@@ -164,11 +161,10 @@ _QDISC_LABELS = ("node", "iface", "netns")
 # --- bpf(2) through ctypes -----------------------------------------------------------
 
 @functools.cache
-def _libc() -> ct.CDLL:
+def _syscall():
     libc = ct.CDLL(None, use_errno=True)
     libc.syscall.restype = ct.c_long
-    libc.setns.argtypes = [ct.c_int, ct.c_int]
-    return libc
+    return libc.syscall
 
 
 class _LinkCreateAttr(ct.Structure):
@@ -197,7 +193,7 @@ def _bpf(cmd: int, attr: ct.Structure) -> int:
     nr = _NR_BPF.get(platform.machine())
     if nr is None:
         raise OSError(errno.ENOSYS, f"bpf(2) number unknown on {platform.machine()}")
-    ret = _libc().syscall(ct.c_long(nr), ct.c_long(cmd), ct.byref(attr), ct.c_uint(ct.sizeof(attr)))
+    ret = _syscall()(ct.c_long(nr), ct.c_long(cmd), ct.byref(attr), ct.c_uint(ct.sizeof(attr)))
     if ret < 0:
         err = ct.get_errno()
         raise OSError(err, os.strerror(err))
@@ -258,80 +254,6 @@ def tc_netns_cookie_supported() -> bool:
         return False
     os.close(fd)
     return True
-
-
-# --- network namespaces --------------------------------------------------------------
-
-class NetnsGone(OSError):
-    """The network namespace does not exist (any more)."""
-
-
-class Netns:
-    """The namespace a selection names: "" (this process's own), a name under
-    /run/netns, or a path (/proc/PID/ns/net). ``run`` calls a function inside it."""
-
-    def __init__(self, spec: str) -> None:
-        self.spec = spec
-        self.path = "" if not spec else spec if "/" in spec else f"/run/netns/{spec}"
-        try:
-            self.inode = os.stat(self.path).st_ino if self.path else 0
-        except FileNotFoundError:
-            raise NetnsGone(errno.ENOENT, f"network namespace '{spec}' does not exist") from None
-
-    def where(self) -> str:
-        return f" in netns {self.spec}" if self.spec else ""
-
-    def alive(self) -> bool:
-        """Still the namespace it was when opened (its name or process still there)."""
-        if not self.path:
-            return True
-        try:
-            return os.stat(self.path).st_ino == self.inode
-        except OSError:
-            return False
-
-    def run(self, fn, *args):
-        """``fn(*args)`` in a new thread that joined this namespace (here, for
-        ""): the thread ends with the call, the caller's namespace never changes."""
-        if not self.path:
-            return fn(*args)
-        result: dict = {}
-
-        def body() -> None:
-            try:
-                try:
-                    fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-                except FileNotFoundError:
-                    raise NetnsGone(errno.ENOENT, f"network namespace '{self.spec}' is gone") from None
-                try:
-                    if os.fstat(fd).st_ino != self.inode:
-                        raise NetnsGone(errno.ENOENT, f"network namespace '{self.spec}' was replaced")
-                    if _libc().setns(fd, CLONE_NEWNET) != 0:
-                        err = ct.get_errno()
-                        raise OSError(err, f"setns({self.path}): {os.strerror(err)}")
-                finally:
-                    os.close(fd)
-                result["value"] = fn(*args)
-            except BaseException as exc:    # handed to the caller
-                result["error"] = exc
-
-        thread = threading.Thread(target=body, name="link_traffic-netns")
-        thread.start()
-        thread.join()
-        if "error" in result:
-            raise result["error"]
-        return result["value"]
-
-    def netlink(self):
-        """(pyroute2 IPRoute, netns cookie) on a netlink socket made inside."""
-        from pyroute2 import IPRoute
-
-        def make() -> socket.socket:
-            return socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 0)
-
-        sock = self.run(make)
-        cookie = int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "little")
-        return IPRoute(fileno=sock.detach()), cookie
 
 
 # --- link speed ----------------------------------------------------------------------
@@ -679,8 +601,7 @@ class LinkTraffic(Probe):
             watch.link_fd = None
         if watch.level == CLSACT:
             try:
-                self._ipr.tc("del-filter", "bpf", watch.ifindex, FILTER_HANDLE, parent=TC_EGRESS,
-                             prio=FILTER_PRIO)
+                FILTER.delete(self._ipr, watch.ifindex)
                 if watch.owns_qdisc:
                     self._drop_qdisc_if_idle(watch)
             except Exception:            # the interface went away, and its filters with it
@@ -693,50 +614,29 @@ class LinkTraffic(Probe):
             del self._base[key]
 
     # --- clsact -------------------------------------------------------------------------
-    def _filters(self, ifindex: int, parent: int) -> list:
-        return [f for f in self._ipr.get_filters(index=ifindex, parent=parent) if f["index"] == ifindex]
-
-    def _ours(self, f) -> str | None:
-        """The name of our filter (FILTER_NAME or FILTER_NAME_OWNS_QDISC), else None."""
-        if f["info"] >> 16 != FILTER_PRIO or f["handle"] != FILTER_HANDLE or f.get_attr("TCA_KIND") != "bpf":
-            return None
-        options = f.get_attr("TCA_OPTIONS")
-        name = options.get_attr("TCA_BPF_NAME") if options else None
-        return name if name in (FILTER_NAME, FILTER_NAME_OWNS_QDISC) else None
-
-    def _has_clsact(self, ifindex: int) -> bool:
-        return any(q["index"] == ifindex and q.get_attr("TCA_KIND") == "clsact"
-                   for q in self._ipr.get_qdiscs(index=ifindex))
-
     def _remove_stale_filter(self, watch: _Watch) -> bool:
         """Delete a filter of ours left by a process that was killed; returns
         whether its name says that process had created the clsact qdisc."""
-        if not self._has_clsact(watch.ifindex):
+        if not has_clsact(self._ipr, watch.ifindex):
             return False
-        for f in self._filters(watch.ifindex, TC_EGRESS):
-            name = self._ours(f)
-            if name is not None:
-                self._ipr.tc("del-filter", "bpf", watch.ifindex, FILTER_HANDLE, parent=TC_EGRESS,
-                             prio=FILTER_PRIO)
-                watch.notes.append("removed a stale filter left by an earlier run")
-                return name == FILTER_NAME_OWNS_QDISC
-        return False
+        name = FILTER.find(self._ipr, watch.ifindex)
+        if name is None:
+            return False
+        FILTER.delete(self._ipr, watch.ifindex)
+        watch.notes.append("removed a stale filter left by an earlier run")
+        return name == FILTER_NAME_OWNS_QDISC
 
     def _add_filter(self, watch: _Watch, owned: bool) -> None:
-        if not self._has_clsact(watch.ifindex):
-            self._ipr.tc("add", "clsact", watch.ifindex)
+        if not has_clsact(self._ipr, watch.ifindex):
+            add_clsact(self._ipr, watch.ifindex)
             owned = True
         watch.owns_qdisc = owned
-        self._ipr.tc("add-filter", "bpf", watch.ifindex, FILTER_HANDLE, fd=self._prog_fd,
-                     name=FILTER_NAME_OWNS_QDISC if owned else FILTER_NAME, parent=TC_EGRESS,
-                     prio=FILTER_PRIO, direct_action=True)
+        FILTER.add(self._ipr, watch.ifindex, self._prog_fd, FILTER_NAME_OWNS_QDISC if owned else FILTER_NAME)
 
     def _drop_qdisc_if_idle(self, watch: _Watch) -> None:
         """Remove the clsact qdisc we created once no filter hangs on it."""
-        others = [f for parent in (TC_INGRESS, TC_EGRESS) for f in self._filters(watch.ifindex, parent)
-                  if self._ours(f) is None and not (f["info"] >> 16 == FILTER_PRIO and f["handle"] == 0)]
-        if not others and self._has_clsact(watch.ifindex):
-            self._ipr.tc("del", "clsact", watch.ifindex)
+        if FILTER.alone(self._ipr, watch.ifindex) and has_clsact(self._ipr, watch.ifindex):
+            del_clsact(self._ipr, watch.ifindex)
 
     # --- link speed and counters ----------------------------------------------------------
     def _speed(self, iface: str) -> tuple[int | None, str]:
@@ -857,17 +757,13 @@ class LinkTraffic(Probe):
 
     def _qdisc(self, w: _Watch) -> list[tuple[str, dict, float]]:
         try:
-            qdiscs = self._ipr.get_qdiscs(index=w.ifindex)
+            q = root_qdisc(self._ipr, w.ifindex)
         except Exception:                # the interface is gone
             return []
-        for q in qdiscs:
-            if q["index"] != w.ifindex or q["parent"] != TC_H_ROOT:
-                continue
-            stats = q.get_attr("TCA_STATS2")
-            queue = stats.get_attr("TCA_STATS_QUEUE") if stats else None
-            if q.get_attr("TCA_KIND") == "noqueue" or queue is None:
-                return []
-            labels = {"node": self.node, "iface": w.iface, "netns": self.selection.netns}
-            return [("qdisc_backlog_bytes", labels, float(queue["backlog"])),
-                    ("qdisc_drops_total", labels, float(queue["drops"]))]
-        return []
+        stats = q.get_attr("TCA_STATS2") if q is not None else None
+        queue = stats.get_attr("TCA_STATS_QUEUE") if stats else None
+        if queue is None or q.get_attr("TCA_KIND") == "noqueue":
+            return []
+        labels = {"node": self.node, "iface": w.iface, "netns": self.selection.netns}
+        return [("qdisc_backlog_bytes", labels, float(queue["backlog"])),
+                ("qdisc_drops_total", labels, float(queue["drops"]))]

@@ -8,7 +8,7 @@ interpolating linearly inside the slot that holds the wanted rank.
 
 Example::
 
-    counts = {slot_of(5000): 199}          # {slot: count} read from the map
+    counts = {44: 199}                     # {slot: count} read from the map (5000 lands in slot 44)
     quantiles(counts)                      # [("0.5", 5120.0...), ("0.99", ...)]
 
 Overhead: a sort of at most ``SLOTS`` entries per histogram per interval.
@@ -17,14 +17,6 @@ from __future__ import annotations
 
 SLOTS = 160
 QUANTILES = (0.5, 0.99)
-
-
-def slot_of(value: int) -> int:
-    """The slot the C side puts ``value`` in (mirror of ``hist_slot``)."""
-    if value < 4:
-        return int(value)
-    e = int(value).bit_length() - 1
-    return min(4 * (e - 1) + ((int(value) >> (e - 2)) & 3), SLOTS - 1)
 
 
 def slot_bounds(slot: int) -> tuple[float, float]:

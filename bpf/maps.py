@@ -41,7 +41,6 @@ from reflexarc.core.procfs import ProcFS, comm_bytes
 
 from .probe import Selection
 
-
 SEL_FILTER = 1    # sel_mode bits (as in reflexarc_common.h): a selection is in force
 SEL_CGROUPS = 2   # ... and it names cgroups (the hot path reads the cgroup id)
 

@@ -24,7 +24,7 @@ AER files lacks this one). Other lines and devices go on.
 
 Reading sysfs needs neither bcc, root nor tracefs: this probe overrides
 ``start``, ``capability`` and ``dump_bpf``, and ``uses_bpf = False`` tells the
-node readiness checks (``controller/producers.py``) so. A node where no PCI
+node readiness checks (``controller/signals/producers.py``) so. A node where no PCI
 device has AER files (a virtual machine's virtio devices, a kernel without
 ``CONFIG_PCIEAER``) is unsupported, "no AER counters on this node (...)", the
 reason ``core.devices`` gives for ``requires: [pcie_aer]``. The sysfs root is

@@ -8,7 +8,7 @@ each process exit (``sched:sched_process_exit``, once per process) through a
 ring buffer, waking no one; ``drain_exits`` reads it and hands the tgids to
 the probe manager (``ProbeManager.collect``), which has the probes forget
 them and leaves them for the source that publishes to the bus
-(``controller/sources.py``), which drops their series there.
+(``controller/sources/readers.py``), which drops their series there.
 
 Why a tracepoint and not /proc: the loaders already notice processes that
 vanished, at collect, by a ``stat`` of each one that was idle in the interval,

@@ -18,7 +18,7 @@ on the node.
 ``Probe.start()`` compiles and attaches a program and needs root and tracefs;
 reading sysfs needs neither, so this probe overrides ``start``,
 ``capability`` and ``dump_bpf``, and ``uses_bpf = False`` tells the node
-readiness checks (``controller/producers.py``) that bcc is not needed either.
+readiness checks (``controller/signals/producers.py``) that bcc is not needed either.
 With no device under ``<sys_root>/class/infiniband`` it is unsupported: "no
 RDMA device under /sys/class/infiniband". The sysfs root is injectable
 (``takes_sys_root``), so tests use a fixture tree.

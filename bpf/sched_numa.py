@@ -104,11 +104,11 @@ from reflexarc.core.cpus import parse_cpulist
 from reflexarc.core.procfs import ProcFS
 from reflexarc.core.signals import SignalSpec
 from reflexarc.core.topology import NO_NODE, NodeMap, Topology
+from reflexarc.core.trainers import Trainers
 
 from .loghist import SLOTS, quantiles
 from .maps import RunningTotals, drain, drain_hists, sync_selection
 from .probe import DEGRADED, EVENTS_LOST, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus, Selection
-from reflexarc.core.trainers import Trainers
 
 MAX_SELECTED = 1024
 MAX_EVENTS = 256        # events kept between drains; older ones are dropped

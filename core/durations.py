@@ -12,6 +12,7 @@ Example::
     parse_duration("250ms")   # 0.25
     parse_duration(90)        # 90.0
     parse_duration("5 min")   # DurationError: ... e.g. '250ms', '30s', '5m', '1h30m' ...
+    format_duration(5400)     # "1 h 30 m", for people (explain, actuator phrases)
 
 Overhead: one regular-expression match per call.
 """
@@ -59,3 +60,19 @@ def _parse_text(text: str) -> float:
     if not any(match.groups()):
         return float(stripped)
     return sum(float(amount) * factor for amount, factor in zip(match.groups(), UNITS.values()) if amount)
+
+
+def format_duration(seconds: float) -> str:
+    """``5`` -> ``"5 s"``, ``600`` -> ``"10 m"``, ``5400`` -> ``"1 h 30 m"``, ``0.25`` -> ``"250 ms"``."""
+    if seconds < 1:
+        return f"{seconds * 1000:g} ms"
+    if seconds < 120:
+        return f"{seconds:g} s"
+    parts, rest = [], seconds
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        count, rest = divmod(rest, size)
+        if count:
+            parts.append(f"{count:g} {unit}")
+    if rest:
+        parts.append(f"{rest:g} s")
+    return " ".join(parts)

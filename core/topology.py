@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .cpus import parse_cpulist
+from .cpus import format_cpulist, parse_cpulist
 
 NO_NODE = -1
 
@@ -107,6 +107,13 @@ class Topology:
             return parse_cpulist((self.sys_root / "devices" / "system" / "cpu" / "online").read_text())
         except FileNotFoundError:
             return None
+
+    def require_online(self, cpus) -> None:
+        """TopologyError naming the ``cpus`` the kernel has not online (none when sysfs does not say)."""
+        online = self.online_cpus()
+        offline = set(cpus) - set(online) if online is not None else set()
+        if offline:
+            raise TopologyError(f"CPUs {format_cpulist(offline)} are not online")
 
     def device_node(self, address: str) -> int | None:
         """NUMA node of a PCI device; None when it reports -1 (no affinity information)."""

@@ -12,8 +12,7 @@ Overhead: importing loads PyYAML and the actuator specs; nothing runs at import.
 """
 from .expect import Expectation, ExpectedAction, check_expectation
 from .plant import Plant
-from .scenario import Fault, Scenario, Series, list_scenarios, load_scenario
-from .yaml_source import ScenarioError
+from .scenario import Fault, Scenario, ScenarioError, Series, list_scenarios, load_scenario
 
 __all__ = ["Expectation", "ExpectedAction", "Fault", "Plant", "Scenario", "ScenarioError", "Series",
            "check_expectation", "list_scenarios", "load_scenario"]

@@ -18,11 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reflexarc.actuators.specs import SPECS
+from reflexarc.core.outcomes import TAKEN, Outcome
 
 MODES = ("dry-run", "alert-only", "enforce")
-OUTCOMES = ("applied", "planned", "alerted", "noop", "failed", "reverted", "would-revert", "kept",
-            "adopted", "notified")
-CHANGE_OUTCOMES = ("applied", "planned", "alerted")
+OUTCOMES = (Outcome.APPLIED, Outcome.PLANNED, Outcome.ALERTED, Outcome.NOOP, Outcome.FAILED, Outcome.REVERTED,
+            Outcome.WOULD_REVERT, Outcome.KEPT, Outcome.ADOPTED, Outcome.NOTIFIED)
+CHANGE_OUTCOMES = TAKEN
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,12 @@
 """Simulated actuators: the same names, parameter specs and read/plan/apply/revert
 contract as the real ones, acting on the plant's state instead of the machine.
 
+Each spec says how its actuator is simulated (``ActuatorSpec.simulated``):
+``plant``, a stand-in below that the plant models (``SIM_ACTUATORS``); ``knob``,
+the generic ``SimKnob``, which records the change (its parameters, the
+selector's filled in) as a knob on the plant, so a scenario's fault can name it
+as its remedy; ``real``, the real implementation (log).
+
 Like the real actuators they refuse bad parameters and missing targets with
 ``PermanentActuatorError``, ``plan`` returns ``before``/``after`` without touching
 anything, ``apply`` is idempotent, and ``revert`` restores ``before`` exactly.
@@ -14,14 +20,17 @@ Example::
     change = act.plan(Target({"trainer": "4100"}, {"processes": ["pt_data_worker"]}), {"node": 0})
     act.apply(change)          # plant.applied == [change]
     act.revert(change)         # act.read_current(change.target) == change.before
+    registry.get("irq_affinity").plan(Target(selector={"interfaces": ["eth0"]}), {"node": 0}).after
+    # {"interfaces": ["eth0"], "node": 0}: a knob
 
 Overhead: dictionary updates on the plant; no system calls.
 """
 from __future__ import annotations
 
-from reflexarc.actuators.base import Actuator, Change, PermanentActuatorError, Registry, Target
-from reflexarc.actuators.log import LogActuator
-from reflexarc.actuators.specs import ALTERNATIVE_PARAMS, SPECS
+from reflexarc.actuators.base import (Actuator, ActuatorSpec, Change, ParamError, PermanentActuatorError, Registry,
+                                      Target)
+from reflexarc.actuators.registry import ActuatorConfig, build
+from reflexarc.actuators.specs import SPECS
 from reflexarc.core.cpus import format_cpulist
 from reflexarc.core.ports import format_port_ranges
 
@@ -66,10 +75,10 @@ class SimAffinity(SimActuator):
 
     def _cpus(self, params: dict) -> list[int]:
         topology = self.plant.config.numa_nodes
-        chosen = [k for k in ALTERNATIVE_PARAMS["affinity"] if params.get(k) is not None and params[k] is not False]
-        if len(chosen) != 1:
-            raise PermanentActuatorError(f"affinity takes exactly one of {', '.join(ALTERNATIVE_PARAMS['affinity'])}; "
-                                         f"got {chosen or 'none'}")
+        try:
+            chosen = self.spec.chosen(params)
+        except ParamError as exc:
+            raise PermanentActuatorError(str(exc)) from None
         if "cpus" in chosen:
             known = {c for cpus in topology.values() for c in cpus}
             missing = [c for c in params["cpus"] if c not in known]
@@ -109,14 +118,6 @@ class SimAffinity(SimActuator):
 class SimDscp(SimActuator):
     spec = SPECS["dscp"]
 
-    def _resolved(self, target: Target, params: dict) -> dict:
-        """``params`` with interfaces and ports taken from the selector when not given."""
-        out = dict(params)
-        for name in ("interfaces", "ports"):
-            if not out.get(name) and target.selector.get(name):
-                out[name] = list(target.selector[name])
-        return out
-
     def _key(self, target: Target, params: dict) -> tuple:
         return ("dscp", tuple(sorted(params.get("interfaces") or ())), tuple(params.get("ports") or ()),
                 params.get("protocol", "tcp"), bool(params.get("match_cgroup")))
@@ -125,7 +126,7 @@ class SimDscp(SimActuator):
         return None
 
     def plan(self, target: Target, params: dict) -> Change:
-        resolved = self._resolved(target, params)
+        resolved = _resolved(self.spec, target, params)
         checked = self.checked(resolved)
         if not checked.get("interfaces"):
             raise PermanentActuatorError("dscp needs 'interfaces' or a selector with interfaces")
@@ -257,20 +258,59 @@ class SimAlert(Actuator):
         return None
 
 
+class SimKnob(SimActuator):
+    """The generic stand-in (``simulated="knob"``): a change is its parameters,
+    with the selector's filled in, kept as a knob per actuator and target."""
+
+    def __init__(self, plant, spec: ActuatorSpec) -> None:
+        super().__init__(plant)
+        self.spec = spec
+
+    def _key(self, target: Target, params: dict) -> tuple:
+        return (self.spec.name, target.key())
+
+    def _initial(self, params: dict) -> None:
+        return None
+
+    def plan(self, target: Target, params: dict) -> Change:
+        resolved = _resolved(self.spec, target, params)
+        checked = self.checked(resolved)
+        lacking = [p.name for p in self.spec.params if p.required and checked.get(p.name) is None]
+        if lacking:
+            raise PermanentActuatorError(f"{self.spec.name} needs {', '.join(lacking)} (params or the selector)")
+        try:
+            self.spec.chosen(checked)
+        except ParamError as exc:
+            raise PermanentActuatorError(str(exc)) from None
+        before = self.read_current(target, resolved)
+        return Change(self.spec.name, target, resolved, before, checked,
+                      f"{self.spec.name} [{target.key()}]: {self.spec.explain(checked)}")
+
+
+def _resolved(spec: ActuatorSpec, target: Target, params: dict) -> dict:
+    """``params`` with the parameters the spec fills from the selector taken from the target's."""
+    try:
+        return spec.resolve(params, target.selector)
+    except ParamError as exc:
+        raise PermanentActuatorError(str(exc)) from None
+
+
 SIM_ACTUATORS = {"affinity": SimAffinity, "dscp": SimDscp, "deep_tracing": SimDeepTracing,
                  "framework_hook": SimFrameworkHook, "sysctl": SimSysctl, "alert": SimAlert}
+"""The stand-ins the plant models, for the specs with ``simulated="plant"``."""
 
 
 def build_sim_registry(plant) -> Registry:
-    """A registry with a simulated stand-in for every actuator in ``SPECS``."""
+    """A registry with a simulated stand-in for every actuator in ``SPECS``, as its spec says."""
     registry = Registry()
     for name, spec in SPECS.items():
-        if name == "log":
-            registry.register(spec, LogActuator)
-            continue
-        try:
-            cls = SIM_ACTUATORS[name]
-        except KeyError:
-            raise PermanentActuatorError(f"actuator '{name}' has no simulated stand-in in sim_actuators.py") from None
-        registry.register(spec, lambda cls=cls: cls(plant))
+        if spec.simulated == "real":
+            registry.register(spec, lambda spec=spec: build(spec, ActuatorConfig()))
+        elif spec.simulated == "knob":
+            registry.register(spec, lambda spec=spec: SimKnob(plant, spec))
+        elif name in SIM_ACTUATORS:
+            registry.register(spec, lambda cls=SIM_ACTUATORS[name]: cls(plant))
+        else:
+            raise PermanentActuatorError(f"actuator '{name}' is simulated by the plant but sim_actuators.py "
+                                         "has no stand-in for it")
     return registry

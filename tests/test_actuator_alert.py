@@ -121,6 +121,7 @@ def test_plan_builds_the_alert_without_sending():
     assert Change.from_dict(json.loads(json.dumps(change.to_dict()))).after == change.after
 
 
+@pytest.mark.slow
 def test_alert_fires_and_resolves_in_alertmanager(am):
     act = AlertActuator(alertmanager_url=am.url, node="node7")
     change = act.plan(TARGET, PARAMS)
@@ -220,6 +221,7 @@ def test_alertmanager_down_does_not_keep_the_alert_from_the_webhook():
     assert act.deliveries == {("alertmanager", "failed"): 1, ("webhook", "sent"): 1}
 
 
+@pytest.mark.slow
 def test_webhook_down_does_not_keep_the_alert_from_alertmanager(am):
     with Hanging() as hook:
         act = AlertActuator(alertmanager_url=am.url, webhook_url=hook.url, deadline=1.0, timeout=HANG)

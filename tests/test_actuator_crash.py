@@ -12,28 +12,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, allowed, require, require_bpf, require_root, two_node_sys
+from conftest import ROOT, allowed, require, require_bpf, require_root, run_cli, two_node_sys
 from netns import NetnsPair
 import pytest
 
 pytestmark = [pytest.mark.kernel, pytest.mark.netns]
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
-
 WORKER = str(ROOT / "tests" / "workloads" / "idle_worker.py")
 
 
 def crash_then_restart(base: list[str], act_args: list[str]) -> None:
-    r = subprocess.run(base + ["act", *act_args, "--mode", "enforce"], capture_output=True, text=True,
-                       env={**os.environ, "REFLEXARC_FAULT_INJECT": "after-apply"}, timeout=120)
+    r = run_cli(*base, "act", *act_args, "--mode", "enforce",
+                env={**os.environ, "REFLEXARC_FAULT_INJECT": "after-apply"})
     assert r.returncode == -signal.SIGKILL, r.stderr
 
 
 def restart(base: list[str], tmp: Path) -> None:
-    r = subprocess.run(base + ["run", "--no-probes", "--duration", "0", "--kill-switch", str(tmp / "off")],
-                       capture_output=True, text=True, timeout=120)
+    r = run_cli(*base, "run", "--no-probes", "--duration", "0", "--kill-switch", str(tmp / "off"))
     assert r.returncode == 0, r.stderr
-    listed = subprocess.run(base + ["journal"], capture_output=True, text=True, timeout=60)
+    listed = run_cli(*base, "journal", timeout=60)
     assert listed.stdout.strip() == "", "nothing left open in the journal"
 
 
@@ -41,8 +38,7 @@ def test_affinity_reverted_after_crash(tmp_path):
     require_root()
     require(len(os.sched_getaffinity(0)) >= 2, "at least two CPUs")
     sysroot = two_node_sys(tmp_path / "sys")
-    base = RX + ["--state-dir", str(tmp_path / "state"), "--sys-root", str(sysroot),
-                 "--hook-dir", str(tmp_path / "hooks")]
+    base = ["--state-dir", str(tmp_path / "state"), "--sys-root", str(sysroot), "--hook-dir", str(tmp_path / "hooks")]
     w = subprocess.Popen([sys.executable, WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert w.stdout.readline().strip() == "ready"
@@ -65,7 +61,7 @@ def tc_state(pair: NetnsPair) -> str:
 
 def test_dscp_reverted_after_crash(tmp_path):
     require_bpf()
-    base = RX + ["--state-dir", str(tmp_path / "state"), "--hook-dir", str(tmp_path / "hooks")]
+    base = ["--state-dir", str(tmp_path / "state"), "--hook-dir", str(tmp_path / "hooks")]
     with NetnsPair("crash") as pair:
         before = tc_state(pair)
         crash_then_restart(base, ["dscp", "dscp=EF", f"interfaces={pair.if_a}", f"netns={pair.ns_a}",

@@ -20,9 +20,9 @@ from netns import NetnsPair, sh
 from reflexarc.actuators.base import Change, PermanentActuatorError, Registry, Target
 from reflexarc.actuators.dscp import FILTER_PRIO, DscpActuator
 from reflexarc.actuators.specs import SPECS
-from reflexarc.controller.clock import WallClock
-from reflexarc.controller.executor import Executor
-from reflexarc.controller.journal import Journal
+from reflexarc.controller.engine.clock import WallClock
+from reflexarc.controller.engine.executor import Executor
+from reflexarc.controller.engine.journal import Journal
 from reflexarc.controller.policy.loader import load_policies
 from reflexarc.core.cgroups import cgroup2_root
 from reflexarc.core.outcomes import Outcome
@@ -505,7 +505,7 @@ def executor(act: DscpActuator, state: Path) -> tuple[Executor, Journal]:
     return Executor(registry, journal, WallClock()), journal
 
 
-def test_selector_netns_reaches_the_plan_the_journal_and_its_listing(pair, act, tmp_path):
+def test_selector_netns_reaches_the_plan_the_journal_and_its_listing(pair, act, tmp_path, cli):
     policy = policy_for(tmp_path, pair)
     rule = policy.rules[0]
     assert policy.selector.netns == pair.ns_a
@@ -520,8 +520,7 @@ def test_selector_netns_reaches_the_plan_the_journal_and_its_listing(pair, act, 
         assert send_udp(pair, 4, 5000) == (8 << 2) | ECT0
         assert f"{pair.ns_a}:{pair.if_a}" in journal.get(res.journal_id).change["summary"]
         journal.close()
-        listing = subprocess.run([sys.executable, "-m", "reflexarc.controller.cli", "--state-dir", str(tmp_path),
-                                  "journal"], capture_output=True, text=True, timeout=60, check=True).stdout
+        listing = cli("--state-dir", str(tmp_path), "journal", timeout=60, check=0).stdout
         assert f"demote-bulk/congested  dscp CS1 (8) on {pair.ns_a}:{pair.if_a} " in listing, listing
         journal = Journal(tmp_path / "journal.jsonl", WallClock())
         ex.journal = journal
@@ -655,6 +654,7 @@ def test_dump_bpf_shows_cflags_and_source(tmp_path):
     assert "// cflag: -DMAX_RULES=128" in text
     assert '-DPIN_RULES="/sys/fs/bpf/x/dscp/rules"' in text
     assert "int dscp_egress(struct __sk_buff *skb)" in text and "actuators/dscp.py" in text
+    assert "struct rule {" in text and '#include "dscp.h"' not in text     # the header in its place
 
 
 def test_pins_are_locked_across_state_dirs_and_no_empty_directory_is_left(tmp_path):

@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,13 +26,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from conftest import ROOT, require, wait_until
+from conftest import ROOT, require, spawn_cli, wait_until
 
 from reflexarc.actuators.alert import DEADLINE
 from reflexarc.controller.policy.loader import validate_paths
 from reflexarc.simulations.testbed.alertmanager import BINARY, Alertmanager
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 AMTOOL = "/usr/bin/amtool"
 POLICY = """\
 policies:
@@ -66,6 +64,7 @@ def _ours(am: Alertmanager) -> list[dict]:
     return [a for a in am.alerts() if a["labels"].get("alertname") == "reflexarc_slow_steps_step_time"]
 
 
+@pytest.mark.slow
 def test_alert_reaches_alertmanager_groups_well_and_resolves_on_clear(tmp_path):
     require(Path(BINARY).exists(), f"Debian's prometheus-alertmanager at {BINARY} (scripts/bootstrap installs it)")
     require(Path(AMTOOL).exists(), f"amtool at {AMTOOL} (Debian's prometheus-alertmanager)")
@@ -74,10 +73,9 @@ def test_alert_reaches_alertmanager_groups_well_and_resolves_on_clear(tmp_path):
     _replay(replay)
     hooks.mkdir(mode=0o755)
     with Alertmanager() as am:
-        proc = subprocess.Popen([*RX, "--state-dir", str(state), "--hook-dir", str(hooks), "--alertmanager-url", am.url,
-                                 "run", "--no-probes", "--replay", str(replay), "--policy", str(policy), "--mode", "policy",
-                                 "--interval", "0.5", "--duration", "30"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = spawn_cli("--state-dir", str(state), "--hook-dir", str(hooks), "--alertmanager-url", am.url, "run",
+                         "--no-probes", "--replay", str(replay), "--policy", str(policy), "--mode", "policy",
+                         "--interval", "0.5", "--duration", "30", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             firing = wait_until("the alert in Alertmanager", lambda: _ours(am), 25)[0]
             labels = firing["labels"]
@@ -105,6 +103,7 @@ def test_alert_reaches_alertmanager_groups_well_and_resolves_on_clear(tmp_path):
     assert [a["outcome"] for a in actions if a["actuator"] == "alert"] == ["notified", "resolved"], actions
 
 
+@pytest.mark.slow
 def test_sigterm_ends_the_run_at_once_while_alertmanager_hangs(tmp_path):
     policy, replay, state, hooks = tmp_path / "p.yaml", tmp_path / "r.jsonl", tmp_path / "s", tmp_path / "h"
     policy.write_text(POLICY)
@@ -122,10 +121,9 @@ def test_sigterm_ends_the_run_at_once_while_alertmanager_hangs(tmp_path):
 
     threading.Thread(target=accept, daemon=True).start()
     url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    proc = subprocess.Popen([*RX, "--state-dir", str(state), "--hook-dir", str(hooks), "--alertmanager-url", url,
-                             "run", "--no-probes", "--replay", str(replay), "--policy", str(policy), "--mode", "policy",
-                             "--interval", "0.5", "--duration", "60"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = spawn_cli("--state-dir", str(state), "--hook-dir", str(hooks), "--alertmanager-url", url, "run",
+                     "--no-probes", "--replay", str(replay), "--policy", str(policy), "--mode", "policy",
+                     "--interval", "0.5", "--duration", "60", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_until("the controller to send the alert", lambda: held, 25)
         wait_until("the loop to audit the alert", lambda: _alert_outcomes(state), 10)
@@ -175,6 +173,7 @@ policies:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep", [False, True], ids=["resolved-at-stop", "kept-at-stop"])
 def test_sigterm_resolves_the_alerts_it_fired_unless_the_rules_keep_them(tmp_path, keep):
     require(Path(BINARY).exists(), f"Debian's prometheus-alertmanager at {BINARY} (scripts/bootstrap installs it)")
@@ -190,11 +189,10 @@ def test_sigterm_resolves_the_alerts_it_fired_unless_the_rules_keep_them(tmp_pat
         return {a["labels"]["alertname"] for a in am.alerts()} & alertnames
 
     with Alertmanager() as am:
-        proc = subprocess.Popen([*RX, "--state-dir", str(state), "--hook-dir", str(hooks), "--alertmanager-url", am.url,
-                                 "run", "--no-probes", "--replay", str(replay), "--policy", str(policy), "--mode",
-                                 "policy", "--interval", "0.5", "--duration", "120",
-                                 "--kill-switch", str(tmp_path / "disable")],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = spawn_cli("--state-dir", str(state), "--hook-dir", str(hooks), "--alertmanager-url", am.url, "run",
+                         "--no-probes", "--replay", str(replay), "--policy", str(policy), "--mode", "policy",
+                         "--interval", "0.5", "--duration", "120", "--kill-switch", str(tmp_path / "disable"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             wait_until("both rules' alerts in Alertmanager", lambda: ours(am) == alertnames, 40)
             proc.send_signal(signal.SIGTERM)
@@ -248,11 +246,10 @@ def test_the_stop_waits_for_a_slow_receiver_to_take_the_resolution(tmp_path):
     replay.write_text("".join(json.dumps({"t": i * 0.5, "name": "step_time_ms", "value": 350.0,
                                           "labels": {"job": "llama", "rank": "1"}}) + "\n" for i in range(120)))
     hooks.mkdir(mode=0o755)
-    proc = subprocess.Popen([*RX, "--state-dir", str(state), "--hook-dir", str(hooks), "--alertmanager-url",
-                             f"http://127.0.0.1:{server.server_address[1]}", "run", "--no-probes", "--replay",
-                             str(replay), "--policy", str(policy), "--mode", "policy", "--interval", "0.5",
-                             "--duration", "120", "--kill-switch", str(tmp_path / "disable")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = spawn_cli("--state-dir", str(state), "--hook-dir", str(hooks), "--alertmanager-url",
+                     f"http://127.0.0.1:{server.server_address[1]}", "run", "--no-probes", "--replay", str(replay),
+                     "--policy", str(policy), "--mode", "policy", "--interval", "0.5", "--duration", "120",
+                     "--kill-switch", str(tmp_path / "disable"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_until("the firing alert at the receiver", lambda: delivered, 40)
         proc.send_signal(signal.SIGTERM)

@@ -28,12 +28,12 @@ from __future__ import annotations
 import os
 
 from engine_fixtures import registry
-from reflexarc.controller.bus import SignalBus, Stored
-from reflexarc.controller.clock import SimClock
-from reflexarc.controller.engine import Controller
-from reflexarc.controller.limits import LimitSettings
+from reflexarc.controller.engine.bus import SignalBus, Stored
+from reflexarc.controller.engine.clock import SimClock
+from reflexarc.controller.engine.engine import Controller
+from reflexarc.controller.engine.limits import LimitSettings
 from reflexarc.controller.policy.model import Action, Condition, Policy, Rollback, Rule, Selector
-from reflexarc.controller.sources import ProbeSource
+from reflexarc.controller.sources.readers import ProbeSource
 
 CAP = 1024
 TRAINERS, WORKERS = 10, 5

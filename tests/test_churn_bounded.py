@@ -103,16 +103,16 @@ def test_rule_runs_bounded_under_worker_churn(tmp_path):
     require(torch_available(), "torch (pip install -e .[test])")
     from reflexarc.actuators.registry import ActuatorConfig, build_registry
     from reflexarc.bpf.manager import ProbeManager
-    from reflexarc.controller.audit import AuditLog
-    from reflexarc.controller.bus import SignalBus
-    from reflexarc.controller.cli import _selection
-    from reflexarc.controller.clock import WallClock
-    from reflexarc.controller.engine import Controller
-    from reflexarc.controller.journal import Journal
-    from reflexarc.controller.limits import LimitSettings
+    from reflexarc.controller.engine.audit import AuditLog
+    from reflexarc.controller.engine.bus import SignalBus
+    from reflexarc.controller.cli.shared import _selection
+    from reflexarc.controller.engine.clock import WallClock
+    from reflexarc.controller.engine.engine import Controller
+    from reflexarc.controller.engine.journal import Journal
+    from reflexarc.controller.engine.limits import LimitSettings
     from reflexarc.controller.policy.loader import load_policies
-    from reflexarc.controller.simulate import BUILTIN_POLICIES
-    from reflexarc.controller.sources import HookSource, ProbeSource
+    from reflexarc.controller.runtime.simulate import BUILTIN_POLICIES
+    from reflexarc.controller.sources.readers import HookSource, ProbeSource
 
     job = f"churn{os.getpid()}"
     hooks, state = tmp_path / "hooks", tmp_path / "state"

@@ -4,18 +4,19 @@
 Bad files are a missing path, a directory, a FIFO, a directory holding a FIFO,
 a character device, binary data, an empty file and a file past the size limits.
 ``run`` starts for real where it must (``--no-probes``, a short ``--duration``);
-each case runs the real CLI in a child, whose ``timeout`` turns a hang into a
-failure that names the case.
+each case that reads a file runs the real CLI in a child, whose ``timeout``
+turns a hang into a failure that names the case. A bad command line (exit 2)
+is refused by the parser before anything is read: those cases ask the parser
+in this process (``parse_cli``), as ``reflexarc`` does first thing.
 """
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
+from conftest import parse_cli, run_cli
+
 HANG = 60          # seconds: a case that has not answered by then hangs
 
 POLICY = """\
@@ -58,10 +59,11 @@ def files(tmp_path_factory):
     return {k: str(v) for k, v in paths.items()}
 
 
-def rx(files, *args):
-    argv = [a.format(**files) for a in args]
-    return subprocess.run(RX + ["--state-dir", files["state"], "--hook-dir", files["hooks"], *argv],
-                          capture_output=True, text=True, timeout=HANG, stdin=subprocess.DEVNULL)
+def rx(files, *args, child: bool = True):
+    """``reflexarc ARGS`` on the test's state and hook directories: in a child, or
+    (``child=False``) the parser's answer alone, in this process."""
+    argv = ["--state-dir", files["state"], "--hook-dir", files["hooks"], *(a.format(**files) for a in args)]
+    return run_cli(*argv, timeout=HANG) if child else parse_cli(*argv)
 
 
 RUN = ("run", "--no-probes", "--duration", "0.2", "--interval", "0.1", "--kill-switch", "{state}/off",
@@ -124,7 +126,7 @@ def case_id(args: tuple) -> str:
 
 @pytest.mark.parametrize("args,code,word", CASES, ids=[case_id(c[0]) for c in CASES])
 def test_bad_input_gets_one_error_line(files, args, code, word):
-    r = rx(files, *args)
+    r = rx(files, *args, child=code != 2)
     assert r.returncode == code, (r.returncode, r.stdout[-500:], r.stderr[-500:])
     assert "Traceback" not in r.stdout + r.stderr and "internal error" not in r.stderr, r.stderr
     plain = [line for line in r.stderr.splitlines() if line.startswith("error:")]

@@ -21,11 +21,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import allowed, require, require_root, two_node_sys, wait_until
+from conftest import allowed, require, require_root, run_cli, spawn_cli, two_node_sys, wait_until
 
 pytestmark = [pytest.mark.kernel]
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 IDLE_WORKER = str(Path(__file__).resolve().parent / "workloads" / "idle_worker.py")
 JOB = "steer"
 
@@ -81,10 +80,10 @@ class Bed:
         self.globals = ["--state-dir", str(self.state), "--hook-dir", str(tmp / "hooks"),
                         "--sys-root", str(two_node_sys(tmp / "sys"))]
         self.err = open(tmp / "run.stderr", "w")
-        self.proc = subprocess.Popen(
-            RX + self.globals + ["run", "--no-probes", "--replay", str(_replay(tmp / "steps.jsonl", slow_from)),
-                                 "--policy", str(_policy(tmp / "steer.yaml", self.trainer.pid)), "--mode", "policy",
-                                 "--interval", "0.2", "--duration", "120", "--kill-switch", str(self.switch)],
+        self.proc = spawn_cli(
+            *self.globals, "run", "--no-probes", "--replay", str(_replay(tmp / "steps.jsonl", slow_from)),
+            "--policy", str(_policy(tmp / "steer.yaml", self.trainer.pid)), "--mode", "policy",
+            "--interval", "0.2", "--duration", "120", "--kill-switch", str(self.switch),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err)
         wait_until("the control socket", lambda: (self.state / "control.sock").exists() or self._died(), 60)
 
@@ -97,7 +96,7 @@ class Bed:
         return (self.tmp / "run.stderr").read_text(errors="replace")
 
     def cli(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
-        res = subprocess.run(RX + self.globals + list(argv), capture_output=True, text=True, timeout=120)
+        res = run_cli(*self.globals, *argv)
         if check:
             assert res.returncode == 0, f"{argv}: exit {res.returncode}: {res.stderr}"
             assert "Traceback" not in res.stderr
@@ -256,7 +255,7 @@ def test_a_peer_that_is_not_root_is_refused_by_its_credentials(open_dir):
     0666 so that the ``SO_PEERCRED`` check alone must refuse ``nobody``."""
     require_root()
     require(shutil.which("setpriv") is not None, "setpriv (util-linux) to run a process as nobody")
-    from reflexarc.controller.control import ControlServer
+    from reflexarc.controller.runtime.control import ControlServer
     asked = []
     server = ControlServer(open_dir / "control.sock", lambda req, peer: asked.append(req) or {"ok": True},
                            mode=0o666)
@@ -275,13 +274,13 @@ def test_a_peer_that_is_not_root_is_refused_by_its_credentials(open_dir):
     assert not (open_dir / "control.sock").exists()
 
 
-def test_the_cli_as_nobody_gets_one_error_line(bed, tmp_path):
+def test_the_cli_as_nobody_gets_one_error_line(bed, tmp_path, cli):
     """The state dir is root's 0700: ``nobody`` cannot reach the socket at all."""
     b = bed(slow_from=1e9)
     require(shutil.which("setpriv") is not None, "setpriv (util-linux) to run a process as nobody")
     os.chmod(tmp_path, 0o755)
-    out = subprocess.run(["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", *RX, *b.globals,
-                          "status"], capture_output=True, text=True, timeout=60, cwd="/")
+    out = cli(*b.globals, "status", timeout=60, cwd="/",
+              prefix=["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups"])
     assert out.returncode == 1
     assert out.stderr.splitlines() == [f"error: {b.state}: permission denied: only root (or the control group) "
                                        "may ask the running controller or read its journal"]
@@ -306,9 +305,9 @@ def test_bad_requests_get_one_error_each_and_leave_nothing_half_done(bed):
 
 
 def test_a_counter_is_shown_as_its_rate_over_the_last_window():
-    from reflexarc.controller.bus import SignalBus
-    from reflexarc.controller.steer import _rate
-    from reflexarc.controller.top import remote_samples
+    from reflexarc.controller.engine.bus import SignalBus
+    from reflexarc.controller.runtime.steer import _rate
+    from reflexarc.controller.cli.top import remote_samples
     bus = SignalBus()
     for t in range(30):                            # 50 reads a second, then a reset
         bus.publish("dataloader_reads_total", {"pid": "7"}, 50.0 * t, float(t))
@@ -334,7 +333,7 @@ def test_journal_check_finds_a_change_undone_behind_the_running_controllers_back
     assert len(drift) == 1 and "runs on CPUs 0-1" in drift[0]["differs"]
 
 
-def test_journal_check_without_a_controller_reads_the_files(tmp_path):
+def test_journal_check_without_a_controller_reads_the_files(tmp_path, cli):
     require_root()
     require({0, 1} <= os.sched_getaffinity(0), "CPUs 0 and 1 (to pin workers to one of them)")
     trainer = subprocess.Popen([sys.executable, "-c", SPAWNER, IDLE_WORKER], stdin=subprocess.PIPE,
@@ -342,7 +341,7 @@ def test_journal_check_without_a_controller_reads_the_files(tmp_path):
     try:
         workers = json.loads(trainer.stdout.readline())["workers"]
         glob = ["--state-dir", str(tmp_path / "state"), "--sys-root", str(two_node_sys(tmp_path / "sys"))]
-        run = lambda *a: subprocess.run(RX + glob + list(a), capture_output=True, text=True, timeout=120)  # noqa: E731
+        run = lambda *a: cli(*glob, *a)  # noqa: E731
         assert run("act", "affinity", "node=1", "--pid", str(trainer.pid), "--mode", "enforce").returncode == 0
         assert _pinned(workers)
         assert run("journal", "--check").returncode == 0

@@ -119,6 +119,7 @@ class _Exporter:
         self.server.server_close()
 
 
+@pytest.mark.slow
 def test_real_prometheus_fires_each_episode_through_real_alertmanager_to_the_script(tmp_path):
     """Two faults in a row: the second is a new episode (its own alert, its own
     Alertmanager group), so it is notified after group_wait, not after the

@@ -14,7 +14,7 @@ from test_actuator_affinity import fake_proc
 
 from reflexarc.actuators import hooks
 from reflexarc.bpf import catalog
-from reflexarc.controller.signals import CATALOGUE, EXTERNAL, assemble
+from reflexarc.controller.signals.catalogue import CATALOGUE, EXTERNAL, assemble
 from reflexarc.core.cpus import format_cpulist, parse_cpulist
 from reflexarc.core.dscp import dscp_code, dscp_name
 from reflexarc.core.durations import DurationError, parse_duration

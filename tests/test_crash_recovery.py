@@ -11,13 +11,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
+from conftest import run_cli, spawn_cli
 
 POLICY = """\
 policies:
@@ -49,16 +48,15 @@ def setup(tmp: Path, on_restart: str):
             f.write(json.dumps({"t": i * 0.1, "name": "step_time_ms",
                                 "labels": {"job": "j", "rank": "0"}, "value": 520}) + "\n")
     # its own hook directory: the test neither depends on nor creates the node's /run/reflexarc/hooks
-    base = RX + ["--state-dir", str(tmp / "state"), "--proc-root", str(proc), "--hook-dir", str(tmp / "hooks")]
+    base = ["--state-dir", str(tmp / "state"), "--proc-root", str(proc), "--hook-dir", str(tmp / "hooks")]
     return knob, base
 
 
 def start_and_kill(tmp: Path, base: list[str]) -> None:
     journal = tmp / "state" / "journal.jsonl"
-    ctl = subprocess.Popen(base + ["run", "--no-probes", "--replay", str(tmp / "signals.jsonl"),
-                                   "--policy", str(tmp / "policy.yaml"), "--interval", "0.1", "--mode", "policy",
-                                   "--kill-switch", str(tmp / "disable")],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ctl = spawn_cli(*base, "run", "--no-probes", "--replay", str(tmp / "signals.jsonl"), "--policy",
+                    str(tmp / "policy.yaml"), "--interval", "0.1", "--mode", "policy", "--kill-switch",
+                    str(tmp / "disable"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -76,58 +74,56 @@ def start_and_kill(tmp: Path, base: list[str]) -> None:
 
 
 def restart(tmp: Path, base: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(base + ["run", "--no-probes", "--duration", "0", "--policy", str(tmp / "policy.yaml"),
-                                  "--kill-switch", str(tmp / "disable")],
-                          capture_output=True, text=True, timeout=60)
+    return run_cli(*base, "run", "--no-probes", "--duration", "0", "--policy", str(tmp / "policy.yaml"),
+                   "--kill-switch", str(tmp / "disable"), timeout=60)
 
 
-def test_killed_controller_change_is_reverted_on_restart(tmp_path):
+def test_killed_controller_change_is_reverted_on_restart(tmp_path, cli):
     knob, base = setup(tmp_path, "revert")
     start_and_kill(tmp_path, base)
     assert knob.read_text().strip() == "0", "the change was applied before the kill"
     r = restart(tmp_path, base)
     assert r.returncode == 0, r.stderr
     assert knob.read_text().strip() == "1"
-    journal = subprocess.run(base + ["journal"], capture_output=True, text=True)
+    journal = cli(*base, "journal")
     assert journal.stdout.strip() == "", "nothing is left open in the journal"
     audit = [json.loads(x) for x in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
     assert any(r["kind"] == "action" and r.get("note") == "reconciled at start" and r["outcome"] == "reverted"
                for r in audit)
 
 
-def test_killed_controller_change_is_adopted_when_rule_says_so(tmp_path):
+def test_killed_controller_change_is_adopted_when_rule_says_so(tmp_path, cli):
     knob, base = setup(tmp_path, "adopt")
     start_and_kill(tmp_path, base)
     r = restart(tmp_path, base)
     assert r.returncode == 0, r.stderr
     assert knob.read_text().strip() == "0", "adopted: the change stays"
-    listed = subprocess.run(base + ["journal"], capture_output=True, text=True).stdout
+    listed = cli(*base, "journal").stdout
     assert "applied" in listed and "sysctl" in listed
     # the operator's lever still reverts it
-    rb = subprocess.run(base + ["rollback", "--all"], capture_output=True, text=True)
+    rb = cli(*base, "rollback", "--all")
     assert rb.returncode == 0, rb.stderr
     assert knob.read_text().strip() == "1"
 
 
-def test_fault_injection_after_apply_then_rollback_all(tmp_path):
+def test_fault_injection_after_apply_then_rollback_all(tmp_path, cli):
     """The manual lever: ``act`` killed right after apply, ``rollback --all`` restores."""
     knob, base = setup(tmp_path, "revert")
-    r = subprocess.run(base + ["act", "sysctl", "key=kernel.numa_balancing", "value=0", "--mode", "enforce"],
-                       capture_output=True, text=True, env={**os.environ, "REFLEXARC_FAULT_INJECT": "after-apply"})
+    r = cli(*base, "act", "sysctl", "key=kernel.numa_balancing", "value=0", "--mode", "enforce",
+            env={**os.environ, "REFLEXARC_FAULT_INJECT": "after-apply"})
     assert r.returncode == -signal.SIGKILL
     assert knob.read_text().strip() == "0"
-    rb = subprocess.run(base + ["rollback", "--all"], capture_output=True, text=True)
+    rb = cli(*base, "rollback", "--all")
     assert rb.returncode == 0, rb.stderr
     assert "reverted" in rb.stdout and "kernel.numa_balancing" in rb.stdout, rb.stdout   # says what it undid
     assert knob.read_text().strip() == "1"
 
 
-def test_run_defaults_to_dry_run_even_for_an_enforce_policy(tmp_path):
+def test_run_defaults_to_dry_run_even_for_an_enforce_policy(tmp_path, cli):
     knob, base = setup(tmp_path, "revert")
-    r = subprocess.run(base + ["run", "--no-probes", "--replay", str(tmp_path / "signals.jsonl"),
-                               "--policy", str(tmp_path / "policy.yaml"), "--interval", "0.2", "--duration", "3",
-                               "--kill-switch", str(tmp_path / "disable")],
-                       capture_output=True, text=True, timeout=60)
+    r = cli(*base, "run", "--no-probes", "--replay", str(tmp_path / "signals.jsonl"), "--policy",
+            str(tmp_path / "policy.yaml"), "--interval", "0.2", "--duration", "3", "--kill-switch",
+            str(tmp_path / "disable"), timeout=60)
     assert r.returncode == 0, r.stderr
     assert knob.read_text().strip() == "1"
     audit = [json.loads(x) for x in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
@@ -143,11 +139,10 @@ def test_metrics_endpoint_exports_rule_state_and_would_have_acted(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctl = subprocess.Popen(base + ["run", "--no-probes", "--replay", str(tmp_path / "signals.jsonl"),
-                                   "--policy", str(tmp_path / "policy.yaml"), "--interval", "0.2",
-                                   "--duration", "30", "--metrics-port", str(port),
-                                   "--kill-switch", str(tmp_path / "disable")],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ctl = spawn_cli(*base, "run", "--no-probes", "--replay", str(tmp_path / "signals.jsonl"), "--policy",
+                    str(tmp_path / "policy.yaml"), "--interval", "0.2", "--duration", "30", "--metrics-port",
+                    str(port), "--kill-switch", str(tmp_path / "disable"), stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30
         text = ""

@@ -154,7 +154,7 @@ def test_exec_start_is_a_valid_command_line():
     """ExecStart, expanded with the unit's defaults and with the sample
     environment file, parses as a reflexarc command, with its state and hook
     directories where StateDirectory=/RuntimeDirectory= put them."""
-    from reflexarc.controller.cli import build_parser
+    from reflexarc.controller.cli.main import build_parser
     s = _service()
     for env in (_unit_env(s), {**_unit_env(s), **_env_file(),
                                "REFLEXARC_RUN_ARGS": "--job llama --max-active 2"}):
@@ -263,7 +263,7 @@ def _listener(address) -> socket.socket:
 
 
 def test_notify_sends_one_datagram_to_the_socket(tmp_path):
-    from reflexarc.controller.sd_notify import notify
+    from reflexarc.controller.runtime.sd_notify import notify
     path = str(tmp_path / "notify")
     with _listener(path) as sock:
         assert notify("READY=1", env={"NOTIFY_SOCKET": path}) is True
@@ -275,7 +275,7 @@ def test_notify_sends_one_datagram_to_the_socket(tmp_path):
 
 
 def test_notify_to_an_abstract_socket():
-    from reflexarc.controller.sd_notify import notify
+    from reflexarc.controller.runtime.sd_notify import notify
     name = f"reflexarc-test-{os.getpid()}"
     with _listener(b"\0" + name.encode()) as sock:
         assert notify("READY=1", env={"NOTIFY_SOCKET": "@" + name})
@@ -283,7 +283,7 @@ def test_notify_to_an_abstract_socket():
 
 
 def test_notify_without_a_manager(tmp_path):
-    from reflexarc.controller.sd_notify import notify
+    from reflexarc.controller.runtime.sd_notify import notify
     assert notify("READY=1", env={}) is False
     assert notify("READY=1", env={"NOTIFY_SOCKET": ""}) is False
     assert notify("READY=1", env={"NOTIFY_SOCKET": "relative/path"}) is False
@@ -469,7 +469,7 @@ def _entrypoint() -> list[str]:
 
 
 def _run_parser():
-    from reflexarc.controller.cli import build_parser
+    from reflexarc.controller.cli.main import build_parser
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
     return parser, {o for a in sub.choices["run"]._actions for o in a.option_strings}
@@ -637,11 +637,11 @@ def _labels_used(expr: str) -> dict[str, set[str]]:
 
 
 def _exporter_families() -> dict[str, set[str]]:
-    """Sample name -> label names of the families controller/exporter.py builds
+    """Sample name -> label names of the families controller/runtime/exporter.py builds
     at scrape time (``GaugeMetricFamily("reflexarc_job_info", ..., labels=[...])``),
     read from its code: a counter family's samples end in ``_total``."""
     import ast
-    tree = ast.parse((ROOT / "controller" / "exporter.py").read_text())
+    tree = ast.parse((ROOT / "controller" / "runtime" / "exporter.py").read_text())
     out: dict[str, set[str]] = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -667,14 +667,14 @@ def test_exporter_families_are_read_from_the_code():
 
 def _known_metrics(tmp_path) -> dict[str, set[str]]:
     """Metric name -> label names: what the controller's registry holds today
-    (controller/metrics.py and the sources registered on it), the catalogue's
+    (controller/engine/metrics.py and the sources registered on it), the catalogue's
     signals by the exporter's naming rule, the exporter's scrape-time families
     and EXPORTER."""
     from prometheus_client import CollectorRegistry
-    from reflexarc.controller.metrics import ControllerMetrics
-    from reflexarc.controller.signal_metrics import exported
-    from reflexarc.controller.signals import CATALOGUE
-    from reflexarc.controller.sources import HookSource
+    from reflexarc.controller.engine.metrics import ControllerMetrics
+    from reflexarc.controller.runtime.signal_metrics import exported
+    from reflexarc.controller.signals.catalogue import CATALOGUE
+    from reflexarc.controller.sources.readers import HookSource
     registry = CollectorRegistry()
     metrics = ControllerMetrics(registry)
     hooks = HookSource(str(tmp_path), None, [], registry)
@@ -752,13 +752,13 @@ def test_training_job_variable_lists_every_discovered_job():
     assert m and var["definition"] == var["query"]["query"], var
     metric, label = m.groups()
     families = _exporter_families()
-    assert metric in families, f"{metric} is not built by controller/exporter.py: {sorted(families)}"
+    assert metric in families, f"{metric} is not built by controller/runtime/exporter.py: {sorted(families)}"
     assert label in families[metric], (metric, families[metric])
-    from reflexarc.controller.signal_metrics import exported
-    from reflexarc.controller.signals import CATALOGUE
+    from reflexarc.controller.runtime.signal_metrics import exported
+    from reflexarc.controller.signals.catalogue import CATALOGUE
     assert metric not in {exported(spec).name for spec in CATALOGUE.values()}, "a signal: not every job has it"
     from types import SimpleNamespace
-    from reflexarc.controller.exporter import ProbeCollector
+    from reflexarc.controller.runtime.exporter import ProbeCollector
     from reflexarc.core.jobs import Identity, Job, Trainer
     jobs = [Job("llama", [Trainer(4242, Identity("llama", rank=0, launcher="torchrun")),
                           Trainer(4243, Identity("llama", rank=1, launcher="torchrun"))]),
@@ -818,7 +818,7 @@ def test_containerfile_recipe():
             for src in rest.split()[:-1]:
                 assert (ROOT / src).exists(), src
     # the default command is a valid reflexarc command
-    from reflexarc.controller.cli import build_parser
+    from reflexarc.controller.cli.main import build_parser
     assert build_parser().parse_args(json.loads(last["CMD"])).command == "run"
 
 
@@ -847,7 +847,7 @@ def test_image_entrypoint_is_the_installed_console_script():
     path = re.search(r"\bPATH=(\S+)", env).group(1).split(":")
     assert path[0] == f"{venv}/bin", path
     # the image's CLI is importable where it is installed, and bcc (Debian's) with it
-    assert "import bcc, reflexarc.controller.cli" in install
+    assert "import bcc, reflexarc.controller.cli.main" in install
 
 
 def test_image_recipe_copies_what_exists_and_is_not_ignored():

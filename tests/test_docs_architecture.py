@@ -1,7 +1,7 @@
 """The documentation stays true to the code.
 
 - ``docs/architecture.md`` names functions by import path
-  (`` `reflexarc.controller.engine.Controller.tick` ``): every such name must
+  (`` `reflexarc.controller.engine.engine.Controller.tick` ``): every such name must
   import; in its data-path table, every "called from" function must really
   call (or register) the function beside it; and its layer table must hold for
   every import in the package, at the top of a module or inside a function.
@@ -150,9 +150,9 @@ def test_each_step_of_the_data_path_calls_the_next():
     rows = data_path()
     assert len(rows) >= 25
     functions = [f for f, _ in rows]
-    for end in ("reflexarc.bpf.maps.drain_hists", "reflexarc.controller.bus.SignalBus.publish",
-                "reflexarc.controller.lifecycle.RuleRun.step", "reflexarc.controller.journal.Journal.intent",
-                "reflexarc.controller.journal.Journal.mark", "reflexarc.controller.audit.AuditLog.write"):
+    for end in ("reflexarc.bpf.maps.drain_hists", "reflexarc.controller.engine.bus.SignalBus.publish",
+                "reflexarc.controller.engine.lifecycle.RuleRun.step", "reflexarc.controller.engine.journal.Journal.intent",
+                "reflexarc.controller.engine.journal.Journal.mark", "reflexarc.controller.engine.audit.AuditLog.write"):
         assert end in functions, f"the data path no longer passes through {end}"
     wrong = [f"{caller} does not call {function.rsplit('.', 1)[1]} ({function})"
              for function, caller in rows
@@ -163,10 +163,10 @@ def test_each_step_of_the_data_path_calls_the_next():
 
 
 def test_the_check_of_calls_can_fail():
-    assert "run_action" in names_used(resolve("reflexarc.controller.lifecycle.RuleRun._run_action"))
-    assert "mark" not in names_used(resolve("reflexarc.controller.journal.Journal.intent"))
+    assert "_act" in names_used(resolve("reflexarc.controller.engine.engine.Controller._carry_out"))
+    assert "mark" not in names_used(resolve("reflexarc.controller.engine.journal.Journal.intent"))
     with pytest.raises(AttributeError):
-        resolve("reflexarc.controller.engine.Controller.no_such_method")
+        resolve("reflexarc.controller.engine.engine.Controller.no_such_method")
 
 
 # --- layers -------------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ def layer_of(path: str, layers) -> str | None:
 
 
 def module_path(module: str) -> str | None:
-    """``reflexarc.controller.signals`` -> ``controller/signals.py``; a package -> its folder with a slash."""
+    """``reflexarc.controller.signals.catalogue`` -> ``controller/signals/catalogue.py``; a package -> its folder with a slash."""
     parts = module.split(".")
     if parts[0] != "reflexarc" or len(parts) < 2 or parts[1] not in PACKAGE_DIRS:
         return None
@@ -253,11 +253,11 @@ def test_modules_a_lower_layer_reads_do_not_read_it_back():
 
 def test_the_layer_check_can_fail():
     layers = layer_table()
-    assert not allowed("controller/engine.py", "bpf/", layers["bpf/"], layers)
-    assert not allowed("controller/engine.py", "controller/policy/", layers["controller/policy/"], layers)
-    assert allowed("controller/signals.py", "controller/policy/", layers["controller/policy/"], layers)
-    source = "def f():\n    from ..controller import engine\n    import reflexarc.bpf.maps\n"
-    assert imports_of(ROOT / "core" / "units.py", source) == {"controller/engine.py", "bpf/maps.py"}
+    assert not allowed("controller/engine/engine.py", "bpf/", layers["bpf/"], layers)
+    assert not allowed("controller/engine/engine.py", "controller/policy/", layers["controller/policy/"], layers)
+    assert allowed("controller/signals/catalogue.py", "controller/policy/", layers["controller/policy/"], layers)
+    source = "def f():\n    from ..controller.engine import engine\n    import reflexarc.bpf.maps\n"
+    assert imports_of(ROOT / "core" / "units.py", source) == {"controller/engine/engine.py", "bpf/maps.py"}
 
 
 # --- links --------------------------------------------------------------------------------------
@@ -283,7 +283,7 @@ REPO_PATH = re.compile(r"`((?:core|controller|bpf|actuators|simulations|policies
 
 @pytest.mark.parametrize("page", OWN_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_files_named_exist(page):
-    """A file or folder named in code form (`controller/journal.py`) exists; patterns
+    """A file or folder named in code form (`controller/engine/journal.py`) exists; patterns
     (`bpf/<name>.py`, `policies/*.yaml`) are left out."""
     missing = sorted({p for p in REPO_PATH.findall(page.read_text()) if not (ROOT / p).exists()})
     assert not missing, f"{page.relative_to(ROOT)} names files that do not exist: {missing}"

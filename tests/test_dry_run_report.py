@@ -17,8 +17,6 @@ import pytest
 
 pytestmark = [pytest.mark.kernel, pytest.mark.netns]
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
-
 WORKER = r"""
 import ctypes, sys, threading
 ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)
@@ -43,15 +41,15 @@ with Hooks.start(job="dry", rank=0, hook_dir=sys.argv[1]) as hooks:
 """
 
 
-def test_each_actuator_dry_run_diff_is_in_the_report(tmp_path):
+def test_each_actuator_dry_run_diff_is_in_the_report(tmp_path, cli):
     require_bpf()
     proc = tmp_path / "proc"
     (proc / "sys" / "kernel").mkdir(parents=True)
     (proc / "sys" / "kernel" / "numa_balancing").write_text("1\n")
     hooks = tmp_path / "hooks"
     hooks.mkdir()
-    base = RX + ["--state-dir", str(tmp_path / "state"), "--sys-root", str(two_node_sys(tmp_path / "sys")),
-                 "--hook-dir", str(hooks)]
+    base = ["--state-dir", str(tmp_path / "state"), "--sys-root", str(two_node_sys(tmp_path / "sys")),
+            "--hook-dir", str(hooks)]
     worker = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
     script = subprocess.Popen([sys.executable, "-c", SCRIPT, str(hooks)], stdout=subprocess.PIPE, text=True)
@@ -72,9 +70,7 @@ def test_each_actuator_dry_run_diff_is_in_the_report(tmp_path):
                 if actuator == "framework_hook":
                     args = [args[0], "args=" + args[1], "--job", "dry"]
                 extra = ["--proc-root", str(proc)] if actuator == "sysctl" else []
-                r = subprocess.run(base[:3] + extra + base[3:] + ["act", actuator, *args, "--json"],
-                                   capture_output=True,
-                                   text=True, timeout=120)
+                r = cli(*extra, *base, "act", actuator, *args, "--json")
                 assert r.returncode == 0, f"{actuator}: {r.stderr}"
                 assert json.loads(r.stdout)["outcome"] == "planned", r.stdout
             assert pair.run("a", "tc", "qdisc", "show", "dev", pair.if_a).stdout == tc_before
@@ -82,8 +78,7 @@ def test_each_actuator_dry_run_diff_is_in_the_report(tmp_path):
         allowed = Path(f"/proc/{worker.pid}/status").read_text()
         assert "Cpus_allowed_list:\t1\n" not in allowed
         out = tmp_path / "report"
-        r = subprocess.run(RX + ["report", str(tmp_path / "state" / "audit.jsonl"), "--out", str(out)],
-                           capture_output=True, text=True, timeout=120)
+        r = cli("report", str(tmp_path / "state" / "audit.jsonl"), "--out", str(out))
         assert r.returncode == 0, r.stderr
         data = json.loads((out / "report.json").read_text())
         text = json.dumps(data)

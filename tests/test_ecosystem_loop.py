@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-from conftest import require, wait_until
+import pytest
+from conftest import require, spawn_cli, wait_until
 from exporters import DcgmExporter
 from reflexarc.simulations.testbed.prometheus import BINARY as PROMETHEUS, PrometheusServer, free_port
 
 from reflexarc.simulations.testbed.alertmanager import BINARY as ALERTMANAGER, Alertmanager
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
+pytestmark = [pytest.mark.slow]        # a real Prometheus and Alertmanager, their scrape and group timers
+
 POLICY = """\
 policies:
   - name: gpu-idle
@@ -60,11 +61,10 @@ def test_prometheus_promql_rule_alertmanager_loop(tmp_path):
         prom.wait_for("DCGM_FI_DEV_GPU_UTIL", lambda r: len(r) == 1)
         config = tmp_path / "promql.yaml"
         config.write_text(PROMQL.format(url=prom.url))
-        proc = subprocess.Popen([*RX, "--state-dir", str(state), "--hook-dir", str(hooks), "--alertmanager-url", am.url,
-                                 "run", "--no-probes", "--policy", str(policy), "--mode", "policy",
-                                 "--promql-config", str(config), "--metrics-addr", f"127.0.0.1:{port}",
-                                 "--duration", "90"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = spawn_cli("--state-dir", str(state), "--hook-dir", str(hooks), "--alertmanager-url", am.url, "run",
+                         "--no-probes", "--policy", str(policy), "--mode", "policy", "--promql-config", str(config),
+                         "--metrics-addr", f"127.0.0.1:{port}", "--duration", "90", stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
         try:
             alert = wait_until("the alert in Alertmanager", lambda: [
                 a for a in am.alerts() if a["labels"].get("alertname") == "reflexarc_gpu_idle_starved_gpu"])[0]

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 
 from engine_fixtures import policy, registry
-from reflexarc.controller.bus import SignalBus
-from reflexarc.controller.clock import SimClock
-from reflexarc.controller.engine import Controller
-from reflexarc.controller.journal import Journal
+from reflexarc.controller.engine.bus import SignalBus
+from reflexarc.controller.engine.clock import SimClock
+from reflexarc.controller.engine.engine import Controller
+from reflexarc.controller.engine.journal import Journal
 
 
 def run(pol, fault=lambda t, fixed: 300.0 if 60 <= t else 50.0, fixable=True, until=300, journal=None,
@@ -17,7 +17,7 @@ def run(pol, fault=lambda t, fixed: 300.0 if 60 <= t else 50.0, fixable=True, un
     bus = SignalBus()
     limits = None
     if kill_switch:
-        from reflexarc.controller.limits import LimitSettings
+        from reflexarc.controller.engine.limits import LimitSettings
         limits = LimitSettings(kill_switch=kill_switch)
     ctl = Controller([pol], bus, registry(state, sent), clock, journal=journal, mode_override=mode,
                      limits=limits)
@@ -115,7 +115,7 @@ def test_journal_records_and_reconcile_reverts(tmp_path):
     # A new controller (same actuator state) reconciles by reverting.
     j2 = Journal(tmp_path / "journal.jsonl")
     from engine_fixtures import registry as reg
-    from reflexarc.controller.bus import SignalBus
+    from reflexarc.controller.engine.bus import SignalBus
     c2 = Controller([pol], SignalBus(), reg(state, []), SimClock(), journal=j2)
     results = c2.start()
     assert [r.outcome for _, r in results] == ["reverted"]
@@ -125,7 +125,7 @@ def test_journal_records_and_reconcile_reverts(tmp_path):
 
 
 def test_journal_is_exclusive(tmp_path):
-    from reflexarc.controller.journal import JournalLocked
+    from reflexarc.controller.engine.journal import JournalLocked
     j = Journal(tmp_path / "j.jsonl")
     with pytest.raises(JournalLocked):
         Journal(tmp_path / "j.jsonl")

@@ -8,11 +8,11 @@ import logging
 
 from engine_fixtures import Knob, Note, policy
 from reflexarc.actuators.base import Actuator, ActuatorSpec, ParamSpec, Registry
-from reflexarc.controller.audit import AuditLog
-from reflexarc.controller.bus import SignalBus
-from reflexarc.controller.clock import SimClock
-from reflexarc.controller.engine import Controller
-from reflexarc.controller.journal import Journal
+from reflexarc.controller.engine.audit import AuditLog
+from reflexarc.controller.engine.bus import SignalBus
+from reflexarc.controller.engine.clock import SimClock
+from reflexarc.controller.engine.engine import Controller
+from reflexarc.controller.engine.journal import Journal
 from reflexarc.controller.report.audit import load_audit
 from reflexarc.core.outcomes import Outcome
 
@@ -103,7 +103,7 @@ def test_a_change_whose_target_vanished_is_closed_as_target_gone(tmp_path):
 
 def test_rollback_of_a_vanished_target_says_target_gone(tmp_path):
     from reflexarc.actuators.base import Change, Target
-    from reflexarc.controller.executor import Executor
+    from reflexarc.controller.engine.executor import Executor
     state = {}
     journal = Journal(tmp_path / "journal.jsonl")
     ex = Executor(knob_registry(state, []), journal, SimClock())

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from reflexarc.actuators.base import (Actuator, ActuatorSpec, Change, PermanentActuatorError, ParamSpec, Registry,
                                       Target, TemporaryActuatorError)
-from reflexarc.controller.clock import SimClock
-from reflexarc.controller.executor import Executor, RetrySettings
-from reflexarc.controller.journal import Journal
+from reflexarc.controller.engine.clock import SimClock
+from reflexarc.controller.engine.executor import Executor, RetrySettings
+from reflexarc.controller.engine.journal import Journal
 
 
 class Flaky(Actuator):

@@ -4,23 +4,14 @@ as written; bad input as located errors and exit 1."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
-from reflexarc.actuators.specs import SPECS
-from reflexarc.controller.explain import PHRASES, explain
+from reflexarc.controller.policy.explain import explain
 from reflexarc.controller.policy.loader import load_policies
 from reflexarc.controller.policy.model import Combo
-from reflexarc.controller.producers import NodeFacts
+from reflexarc.controller.signals.producers import NodeFacts
 from reflexarc.core.devices import Devices
-
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
-
-
-def rx(*args, **kw):
-    return subprocess.run(RX + list(args), capture_output=True, text=True, timeout=120, **kw)
 
 
 def node(tmp_path, gpu=False, rdma=False) -> NodeFacts:
@@ -132,7 +123,7 @@ def test_gpu_gap_alert_requires_a_gpu(repo_root, tmp_path):
 
 
 def test_without_this_node_explain_says_what_it_did_not_check(repo_root):
-    from reflexarc.controller.readiness import CatalogueFacts
+    from reflexarc.controller.policy.readiness import CatalogueFacts
     text = said(repo_root, "gpu-submit-gap", CatalogueFacts("not root"))
     assert_says(
         text,
@@ -301,20 +292,16 @@ def test_escalation_off_kept_changes_and_no_receiver(tmp_path):
     assert "no alert receiver is configured" not in with_receiver
 
 
-def test_every_actuator_has_a_phrase():
-    assert set(PHRASES) == set(SPECS)
-
-
-def test_cli_explains_one_policy_by_name(repo_root):
-    r = rx("explain", str(repo_root / "policies"), "--policy-name", "nccl-congestion-dscp")
+def test_cli_explains_one_policy_by_name(repo_root, cli):
+    r = cli("explain", str(repo_root / "policies"), "--policy-name", "nccl-congestion-dscp")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("nccl-congestion-dscp (")
     assert "dataloader-starvation" not in r.stdout
     assert "retags the egress tcp flows on ports 443 out of eth0 with DSCP CS1 (8)" in " ".join(r.stdout.split())
 
 
-def test_cli_explains_a_directory(repo_root):
-    r = rx("explain", str(repo_root / "policies"))
+def test_cli_explains_a_directory(repo_root, cli):
+    r = cli("explain", str(repo_root / "policies"))
     assert r.returncode == 0, r.stderr
     heads = [line.split(" ")[0] for line in r.stdout.splitlines() if line and not line.startswith(" ")]
     assert heads == [p.name for p in load_policies([str(repo_root / "policies")])]
@@ -323,8 +310,8 @@ def test_cli_explains_a_directory(repo_root):
 
 @pytest.mark.parametrize("name, hint", [("dataloader-starve", "did you mean 'dataloader-starvation'?"),
                                         ("zzz", "(there: dataloader-numa-repin, ")])
-def test_cli_unknown_policy_name_is_one_error(repo_root, name, hint):
-    r = rx("explain", str(repo_root / "policies"), "--policy-name", name)
+def test_cli_unknown_policy_name_is_one_error(repo_root, name, hint, cli):
+    r = cli("explain", str(repo_root / "policies"), "--policy-name", name)
     assert r.returncode == 1
     assert r.stdout == ""
     lines = r.stderr.splitlines()
@@ -343,10 +330,10 @@ policies:
 """
 
 
-def test_cli_bad_file_gives_located_errors_and_exit_1(tmp_path):
+def test_cli_bad_file_gives_located_errors_and_exit_1(tmp_path, cli):
     f = tmp_path / "bad.yaml"
     f.write_text(BAD)
-    r = rx("explain", str(f))
+    r = cli("explain", str(f))
     assert r.returncode == 1
     assert r.stdout == ""
     lines = r.stderr.splitlines()
@@ -356,8 +343,8 @@ def test_cli_bad_file_gives_located_errors_and_exit_1(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-def test_cli_missing_file_is_a_located_error(tmp_path):
-    r = rx("explain", str(tmp_path / "nope.yaml"))
+def test_cli_missing_file_is_a_located_error(tmp_path, cli):
+    r = cli("explain", str(tmp_path / "nope.yaml"))
     assert r.returncode == 1
     assert r.stderr.splitlines() == [f"{tmp_path / 'nope.yaml'}:1:1: error: no such file or directory",
                                      "error: 1 error(s) in policy files"]
@@ -376,10 +363,10 @@ policies:
 """
 
 
-def test_cli_promql_config_counts_its_signals_as_produced(tmp_path):
+def test_cli_promql_config_counts_its_signals_as_produced(tmp_path, cli):
     policy = tmp_path / "p.yaml"
     policy.write_text(NEEDS_PROMQL)
-    r = rx("--webhook-url", "http://127.0.0.1:9/hook", "explain", str(policy))
+    r = cli("--webhook-url", "http://127.0.0.1:9/hook", "explain", str(policy))
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())
     assert_says(text, "It needs a PromQL source (requires: promql)",
@@ -390,7 +377,7 @@ def test_cli_promql_config_counts_its_signals_as_produced(tmp_path):
     config.write_text("prometheus: http://127.0.0.1:9\nqueries:\n"
                       "  - {signal: gpu_utilization_pct, query: 'avg by (gpu) (DCGM_FI_DEV_GPU_UTIL)', "
                       "labels: {gpu: gpu}}\n")
-    r = rx("--webhook-url", "http://127.0.0.1:9/hook", "explain", str(policy), "--promql-config", str(config))
+    r = cli("--webhook-url", "http://127.0.0.1:9/hook", "explain", str(policy), "--promql-config", str(config))
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())
     assert "Prometheus): can run here" in text
@@ -398,10 +385,10 @@ def test_cli_promql_config_counts_its_signals_as_produced(tmp_path):
     assert r.stderr.startswith(f"{config}:3:") and ": warning: the queries are not checked" in r.stderr
 
 
-def test_cli_bad_promql_config_is_a_located_error(repo_root, tmp_path):
+def test_cli_bad_promql_config_is_a_located_error(repo_root, tmp_path, cli):
     config = tmp_path / "promql.yaml"
     config.write_text("prometheus: http://127.0.0.1:9\nqueries:\n  - {signal: step_time_mss, query: up}\n")
-    r = rx("explain", str(repo_root / "policies"), "--promql-config", str(config))
+    r = cli("explain", str(repo_root / "policies"), "--promql-config", str(config))
     assert r.returncode == 1
     assert r.stdout == ""
     lines = r.stderr.splitlines()

@@ -18,23 +18,22 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import require_root
+from conftest import require_root, run_cli
 from engine_fixtures import Knob, Note, policy
 
 from reflexarc.actuators.base import Registry, Target
 from reflexarc.actuators.framework_hook import FrameworkHookActuator, HookRejected, Rejected, find_endpoints
-from reflexarc.controller.audit import AuditLog
-from reflexarc.controller.bus import SignalBus
-from reflexarc.controller.clock import SimClock
-from reflexarc.controller.engine import Controller
-from reflexarc.controller.metrics import ControllerMetrics
+from reflexarc.controller.engine.audit import AuditLog
+from reflexarc.controller.engine.bus import SignalBus
+from reflexarc.controller.engine.clock import SimClock
+from reflexarc.controller.engine.engine import Controller
+from reflexarc.controller.engine.metrics import ControllerMetrics
 from reflexarc.controller.policy.model import Selector
-from reflexarc.controller.sources import HookSource
+from reflexarc.controller.sources.readers import HookSource
 
 pytestmark = [pytest.mark.kernel]
 
 NOBODY = 65534
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 
 # A training script: serves hooks through the real client and reports a step
 # time every 50 ms until it is killed; a handler records its calls.
@@ -236,8 +235,7 @@ def test_a_reused_pid_is_never_called_for_the_old_change(hook_dir, spawn):
 
 
 def rx(hook_dir: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(RX + ["--state-dir", str(tmp_path / "state"), "--hook-dir", str(hook_dir), *args],
-                          capture_output=True, text=True, timeout=120)
+    return run_cli("--state-dir", str(tmp_path / "state"), "--hook-dir", str(hook_dir), *args)
 
 
 POLICY = """\

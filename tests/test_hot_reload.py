@@ -20,22 +20,21 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, allowed, require, require_root, two_node_sys
+from conftest import ROOT, allowed, require, require_root, spawn_cli, two_node_sys
 
 from reflexarc.actuators.base import Registry
 from reflexarc.actuators.log import LogActuator
-from reflexarc.controller.audit import AuditLog
-from reflexarc.controller.bus import SignalBus
-from reflexarc.controller.clock import SimClock
-from reflexarc.controller.engine import Controller
-from reflexarc.controller.metrics import ControllerMetrics
+from reflexarc.controller.engine.audit import AuditLog
+from reflexarc.controller.engine.bus import SignalBus
+from reflexarc.controller.engine.clock import SimClock
+from reflexarc.controller.engine.engine import Controller
+from reflexarc.controller.engine.metrics import ControllerMetrics
 from reflexarc.controller.policy.loader import load_policies
-from reflexarc.controller.producers import NodeFacts
-from reflexarc.controller.reload import SIGHUP, PolicyFiles, Reloader
+from reflexarc.controller.signals.producers import NodeFacts
+from reflexarc.controller.runtime.reload import SIGHUP, PolicyFiles, Reloader
 
 pytestmark = [pytest.mark.kernel]
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 DEADLINE = 90.0     # seconds for any one thing to happen; it normally takes one or two
 
 WORKER = str(ROOT / "tests" / "workloads" / "idle_worker.py")
@@ -112,13 +111,12 @@ class Run:
         hooks = tmp / "hooks"
         hooks.mkdir()
         hooks.chmod(0o755)
-        cmd = RX + ["--state-dir", str(tmp / "state"), "--sys-root", str(two_node_sys(tmp / "sys")),
-                    "--hook-dir", str(hooks),
-                    "run", "--no-probes", "--replay", str(tmp / "signals.jsonl"), "--mode", "enforce",
-                    "--policy", str(policy_dir), "--interval", "0.2", "--duration", "600",
-                    "--kill-switch", str(tmp / "disable")]
         self.stderr = open(self.stderr_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        self.proc = spawn_cli("--state-dir", str(tmp / "state"), "--sys-root", str(two_node_sys(tmp / "sys")),
+                              "--hook-dir", str(hooks),
+                              "run", "--no-probes", "--replay", str(tmp / "signals.jsonl"), "--mode", "enforce",
+                              "--policy", str(policy_dir), "--interval", "0.2", "--duration", "600",
+                              "--kill-switch", str(tmp / "disable"), stdout=subprocess.PIPE, stderr=self.stderr)
 
     def text(self) -> str:
         return self.stderr_path.read_text()

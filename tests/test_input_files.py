@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from reflexarc.controller.input_files import InputFileError, check_regular, files_in, open_regular, read_text
+from reflexarc.core.input_files import InputFileError, check_regular, files_in, open_regular, read_text
 
 
 def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):

@@ -280,7 +280,7 @@ def test_a_job_started_by_no_launcher_is_a_job_of_its_own(tmp_path):
     named after its script and pid: its workers and helpers follow it, for its
     life, two such differ, ``--job`` comes first, and nothing else of its
     command line or environment is kept."""
-    from reflexarc.controller.jobs_view import format_jobs
+    from reflexarc.controller.cli.jobs import format_jobs
     root = tmp_path / "proc"
 
     def proc(pid: int, comm: str, ppid: int, *argv: str, environ: bytes = env_blob(DB_PASSWORD=SECRET)) -> None:
@@ -388,7 +388,7 @@ def test_each_jobs_training_processes_are_a_metric(two_jobs):
 
     from reflexarc.bpf.manager import ProbeManager
     from reflexarc.bpf.probe import Selection
-    from reflexarc.controller.exporter import ProbeCollector
+    from reflexarc.controller.runtime.exporter import ProbeCollector
     uid, (pod_job, slurm_job, bare) = two_jobs
     manager = ProbeManager(Selection(), probes=[])
     manager.start()

@@ -10,8 +10,8 @@ import os
 import pytest
 from file_attrs import FileAttrs
 
-from reflexarc.controller.input_files import InputFileError
-from reflexarc.controller.journal import Journal, JournalWriteError
+from reflexarc.core.input_files import InputFileError
+from reflexarc.controller.engine.journal import Journal, JournalWriteError
 
 CHANGE = {"actuator": "log", "target": {"labels": {}, "selector": {}}, "params": {"message": "x"},
           "before": None, "after": None, "summary": "a logged line"}
@@ -147,6 +147,7 @@ def test_compaction_is_atomic_and_keeps_what_it_could_not_read(tmp_path, monkeyp
     again.close()
 
 
+@pytest.mark.kernel  # chattr needs root
 def test_compaction_of_an_append_only_journal_keeps_it_and_warns_once(tmp_path, file_attrs, caplog):
     path = tmp_path / "journal.jsonl"
     path.write_text(applied() + applied("a2"))
@@ -166,6 +167,7 @@ def test_compaction_of_an_append_only_journal_keeps_it_and_warns_once(tmp_path, 
     assert [e.id for e in Journal(path).open_entries()] == ["a2"]
 
 
+@pytest.mark.kernel  # chattr needs root
 def test_compaction_in_a_directory_that_takes_no_new_file_keeps_the_journal(tmp_path, file_attrs):
     state = tmp_path / "state"
     state.mkdir()
@@ -184,6 +186,7 @@ def test_compaction_in_a_directory_that_takes_no_new_file_keeps_the_journal(tmp_
     assert [e.state for e in Journal(state / "journal.jsonl").entries()] == ["reverted"]
 
 
+@pytest.mark.kernel  # chattr needs root
 def test_an_immutable_journal_is_read_and_refuses_every_step(tmp_path, file_attrs):
     path = tmp_path / "journal.jsonl"
     path.write_text(applied())
@@ -203,6 +206,7 @@ def test_an_immutable_journal_is_read_and_refuses_every_step(tmp_path, file_attr
     j.close()
 
 
+@pytest.mark.kernel  # chattr needs root
 def test_a_journal_made_immutable_while_open_refuses_and_says_so_once(tmp_path, file_attrs, caplog):
     path = tmp_path / "journal.jsonl"
     j = Journal(path)

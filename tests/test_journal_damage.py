@@ -15,19 +15,17 @@ import json
 import re
 import os
 import subprocess
-import sys
 
 import pytest
-from conftest import require
+from conftest import require, run_cli
 from file_attrs import FileAttrs
 
 from engine_fixtures import policy, registry
-from reflexarc.controller.bus import SignalBus
-from reflexarc.controller.clock import SimClock
-from reflexarc.controller.engine import Controller
-from reflexarc.controller.journal import Journal
+from reflexarc.controller.engine.bus import SignalBus
+from reflexarc.controller.engine.clock import SimClock
+from reflexarc.controller.engine.engine import Controller
+from reflexarc.controller.engine.journal import Journal
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 ALL_CPUS = sorted(os.sched_getaffinity(0))
 POLICY = """\
 policies:
@@ -77,8 +75,7 @@ class Node:
         return child.pid
 
     def rx(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(RX + ["--state-dir", str(self.state), "--hook-dir", str(self.tmp / "hooks"), *args],
-                              capture_output=True, text=True, timeout=120)
+        return run_cli("--state-dir", str(self.state), "--hook-dir", str(self.tmp / "hooks"), *args)
 
     def act(self, pid: int) -> subprocess.CompletedProcess:
         return self.rx("act", "affinity", "cpus=1", "--label", f"pid={pid}", "--process", "sleep",
@@ -157,6 +154,7 @@ def test_entries_this_node_cannot_revert_fail_alone(node):
     assert sorted(os.sched_getaffinity(pid)) == ALL_CPUS
 
 
+@pytest.mark.kernel  # chattr needs root
 def test_an_immutable_journal_refuses_new_changes_and_rollback_still_reverts(node, file_attrs):
     pid = node.pinned()
     jid = json.loads(node.journal.read_text().splitlines()[0])["id"]
@@ -193,6 +191,7 @@ def test_an_immutable_journal_refuses_new_changes_and_rollback_still_reverts(nod
     assert node.rx("journal").stdout.splitlines()[1].startswith(f"{jid} reverted  affinity")   # below the heading
 
 
+@pytest.mark.kernel  # chattr needs root
 def test_run_on_an_immutable_journal_reverts_and_goes_on(node, file_attrs):
     pid = node.pinned()
     file_attrs.set(node.journal, "+i")
@@ -203,6 +202,7 @@ def test_run_on_an_immutable_journal_reverts_and_goes_on(node, file_attrs):
     assert '"reverted": 1' in r.stdout
 
 
+@pytest.mark.kernel  # chattr needs root
 def test_an_append_only_journal_is_kept_uncompacted_and_run_goes_on(node, file_attrs):
     pid = node.pinned()
     file_attrs.set(node.journal, "+a")
@@ -219,6 +219,7 @@ def test_an_append_only_journal_is_kept_uncompacted_and_run_goes_on(node, file_a
     assert node.rx("rollback", "--all").stdout == "nothing to roll back\n"
 
 
+@pytest.mark.kernel  # chattr needs root
 def test_the_engine_records_a_change_refused_by_an_immutable_journal(tmp_path, file_attrs):
     path = tmp_path / "journal.jsonl"
     path.write_text("")

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, require, require_root
+from conftest import ROOT, require, require_root, run_cli
 
 pytestmark = [pytest.mark.kernel]
 
 NOBODY = 65534
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 NOTE = ("note: not root: this node's checks skipped (whether each signal's producers can run here, required "
         "devices, interfaces and network namespaces, running jobs): judged from the signal catalogue; --node "
         "checks this node")
@@ -36,7 +34,7 @@ def place():
     path = Path(tempfile.mkdtemp(prefix="rxlint-"))
     path.chmod(0o755)
     shutil.copytree(ROOT / "policies", path / "policies", ignore=shutil.ignore_patterns("__pycache__"))
-    probe = subprocess.run([*AS_NOBODY, *RX, "--version"], capture_output=True, text=True, timeout=60, cwd=path)
+    probe = run_cli("--version", timeout=60, cwd=path, prefix=AS_NOBODY)
     require(probe.returncode == 0, f"the project's Python and tree usable by nobody ({probe.stderr.strip()[-300:]})")
     yield path
     shutil.rmtree(path, ignore_errors=True)
@@ -45,8 +43,7 @@ def place():
 def nobody(place: Path, *args: str, caps: str = "") -> subprocess.CompletedProcess:
     """The CLI as nobody in ``place``; ``caps``: capabilities it keeps (e.g. "+bpf,+perfmon")."""
     kept = [f"--inh-caps={caps}", f"--ambient-caps={caps}"] if caps else []
-    return subprocess.run([*AS_NOBODY, *kept, *RX, *args], capture_output=True, text=True, timeout=300, cwd=place,
-                          stdin=subprocess.DEVNULL)
+    return run_cli(*args, timeout=300, cwd=place, prefix=[*AS_NOBODY, *kept])
 
 
 def clean(r: subprocess.CompletedProcess) -> None:
@@ -86,12 +83,11 @@ def test_explain_as_nobody(place):
     assert "can run here" not in r.stdout and "not here:" in r.stdout     # only the PromQL source is judged
 
 
-def test_test_policies_as_nobody_as_for_root(place):
+def test_test_policies_as_nobody_as_for_root(place, cli):
     """Nobody runs every case, and each comes out as it does for root."""
     r = nobody(place, "test-policies", "policies/tests/")
     clean(r)
-    root = subprocess.run([*RX, "test-policies", "policies/tests/"], capture_output=True, text=True, timeout=300,
-                          cwd=place, stdin=subprocess.DEVNULL)
+    root = cli("test-policies", "policies/tests/", timeout=300, cwd=place)
     assert (r.returncode, r.stdout) == (root.returncode, root.stdout), r.stdout + r.stderr
     passed, failed = (int(word) for word in r.stdout.splitlines()[-1].split()[::2])
     assert passed + failed >= 12, r.stdout

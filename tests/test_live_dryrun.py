@@ -14,12 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT, require_bpf
+from conftest import ROOT, require_bpf, spawn_cli
 import pytest
 
 pytestmark = [pytest.mark.kernel]
-
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 
 
 def test_dry_run_records_would_be_action_from_real_signals(tmp_path):
@@ -28,10 +26,9 @@ def test_dry_run_records_would_be_action_from_real_signals(tmp_path):
     hooks.mkdir()
     job = f"starved{os.getpid()}"
     audit = state / "audit.jsonl"
-    ctl = subprocess.Popen(RX + ["--state-dir", str(state), "--hook-dir", str(hooks), "run", "--mode", "dry-run",
-                                 "--job", job, "--interval", "1", "--duration", "300",
-                                 "--kill-switch", str(tmp_path / "disable")],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ctl = spawn_cli("--state-dir", str(state), "--hook-dir", str(hooks), "run", "--mode", "dry-run", "--job", job,
+                    "--interval", "1", "--duration", "300", "--kill-switch", str(tmp_path / "disable"),
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     train = subprocess.Popen([sys.executable, str(ROOT / "tests" / "workloads" / "starved_loader.py"),
                               "--job", job, "--hook-dir", str(hooks), "--seconds", "290"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -21,17 +21,17 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, spawn_cli
 from engine_fixtures import policy, registry
-from reflexarc.controller.audit import AuditLog
-from reflexarc.controller.bus import SignalBus, Stored
-from reflexarc.controller.clock import SimClock
-from reflexarc.controller.engine import STOP_CHUNK, Controller
-from reflexarc.controller.intake import CHUNK, Intake
-from reflexarc.controller.live import run_live
-from reflexarc.controller.metrics import ControllerMetrics
-from reflexarc.controller.signals import CATALOGUE
-from reflexarc.controller.values import MAX_AHEAD, UNIT_RANGES, Refusal, timestamp_fault, value_fault
+from reflexarc.controller.engine.audit import AuditLog
+from reflexarc.controller.engine.bus import SignalBus, Stored
+from reflexarc.controller.engine.clock import SimClock
+from reflexarc.controller.engine.engine import STOP_CHUNK, Controller
+from reflexarc.controller.sources.intake import CHUNK, Intake
+from reflexarc.controller.runtime.live import run_live
+from reflexarc.controller.engine.metrics import ControllerMetrics
+from reflexarc.controller.signals.catalogue import CATALOGUE
+from reflexarc.controller.signals.values import MAX_AHEAD, UNIT_RANGES, Refusal, timestamp_fault, value_fault
 from reflexarc.simulations.testbed.local_server import free_port
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -65,7 +65,7 @@ def dropped(metrics: ControllerMetrics, signal_name: str, reason: str) -> float 
 # --- valid ranges ---------------------------------------------------------------------
 def test_every_catalogued_unit_has_a_declared_range():
     missing = {spec.name: spec.unit for spec in CATALOGUE.values() if spec.unit not in UNIT_RANGES}
-    assert missing == {}, "declare the valid range of these units in controller/values.py"
+    assert missing == {}, "declare the valid range of these units in controller/signals/values.py"
 
 
 @pytest.mark.parametrize("name, value, fault", [
@@ -242,6 +242,7 @@ def test_a_stop_in_the_middle_of_a_storm_reverts_and_ends_the_loop():
 
 
 # --- the real thing: reflexarc run under a replay storm -------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_under_a_replay_storm_reverts_and_exits(tmp_path, sig):
     storm = tmp_path / "storm.jsonl"
@@ -255,14 +256,13 @@ def test_a_stop_signal_under_a_replay_storm_reverts_and_exits(tmp_path, sig):
     hooks.mkdir(mode=0o755)
     port = free_port()
     state = tmp_path / "state"
-    ctl = subprocess.Popen(
-        [sys.executable, "-m", "reflexarc.controller.cli", "--state-dir", str(state),
-         "--proc-root", str(tmp_path / "proc"), "--hook-dir", str(hooks),
-         "run", "--no-probes", "--replay", str(storm), "--policy", str(tmp_path / "storm.yaml"),
-         *[arg for name in SHIPPED for arg in ("--policy", str(ROOT / "policies" / name))],
-         "--mode", "policy", "--interval", "1", "--duration", "3600",
-         "--metrics-port", str(port), "--kill-switch", str(tmp_path / "disable")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ctl = spawn_cli(
+        "--state-dir", str(state), "--proc-root", str(tmp_path / "proc"), "--hook-dir", str(hooks),
+        "run", "--no-probes", "--replay", str(storm), "--policy", str(tmp_path / "storm.yaml"),
+        *[arg for name in SHIPPED for arg in ("--policy", str(ROOT / "policies" / name))],
+        "--mode", "policy", "--interval", "1", "--duration", "3600",
+        "--metrics-port", str(port), "--kill-switch", str(tmp_path / "disable"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         metrics: dict = {}
         deadline = time.monotonic() + 300           # a guard against a hang, not a measurement

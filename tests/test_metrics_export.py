@@ -25,28 +25,27 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, require, require_bpf, two_node_sys
+from conftest import require, require_bpf, run_cli, spawn_cli, two_node_sys
 from engine_fixtures import registry as actuator_registry
 from prometheus_client import CollectorRegistry, generate_latest
 from reflexarc.simulations.testbed.prometheus import PrometheusServer, free_port
 
 from reflexarc.bpf.manager import ProbeManager
 from reflexarc.bpf.probe import Selection
-from reflexarc.controller.bus import SignalBus
-from reflexarc.controller.clock import SimClock
-from reflexarc.controller.engine import Controller
-from reflexarc.controller.exporter import MetricsServer, export_live_state, parse_address
-from reflexarc.controller.intake import Intake
-from reflexarc.controller.journal import Journal
-from reflexarc.controller.live import run_live
-from reflexarc.controller.metrics import ControllerMetrics
-from reflexarc.controller.signal_metrics import SignalCollector, exported
-from reflexarc.controller.signals import CATALOGUE
-from reflexarc.controller.sources import ProbeSource
+from reflexarc.controller.engine.bus import SignalBus
+from reflexarc.controller.engine.clock import SimClock
+from reflexarc.controller.engine.engine import Controller
+from reflexarc.controller.runtime.exporter import MetricsServer, export_live_state, parse_address
+from reflexarc.controller.sources.intake import Intake
+from reflexarc.controller.engine.journal import Journal
+from reflexarc.controller.runtime.live import run_live
+from reflexarc.controller.engine.metrics import ControllerMetrics
+from reflexarc.controller.runtime.signal_metrics import SignalCollector, exported
+from reflexarc.controller.signals.catalogue import CATALOGUE
+from reflexarc.controller.sources.readers import ProbeSource
 
 pytestmark = [pytest.mark.kernel]
 
-RX = [str(ROOT / ".venv" / "bin" / "reflexarc")]
 PROMTOOL = "/usr/bin/promtool"
 NODE = os.uname().nodename
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -183,12 +182,12 @@ def _controller(tmp_path: Path, port: int, env: dict | None = None) -> subproces
     replay.write_text("".join(json.dumps({"t": t, "name": n, "labels": labels, "value": v}) + "\n"
                               for t, n, labels, v in records))
     (tmp_path / "policy.yaml").write_text(POLICY)
-    return subprocess.Popen(
-        RX + ["--state-dir", str(tmp_path / "state"), "--hook-dir", str(hooks),
-              "run", "--no-probes", "--replay", str(replay), "--policy", str(tmp_path / "policy.yaml"),
-              "--interval", "0.5", "--duration", "600",       # a guard: the test stops it with SIGTERM
-              "--metrics-addr", f"127.0.0.1:{port}", "--kill-switch", str(tmp_path / "disable")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return spawn_cli(
+        "--state-dir", str(tmp_path / "state"), "--hook-dir", str(hooks),
+        "run", "--no-probes", "--replay", str(replay), "--policy", str(tmp_path / "policy.yaml"),
+        "--interval", "0.5", "--duration", "600",       # a guard: the test stops it with SIGTERM
+        "--metrics-addr", f"127.0.0.1:{port}", "--kill-switch", str(tmp_path / "disable"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
 def test_run_serves_signals_in_base_units_to_prometheus(tmp_path):
@@ -233,10 +232,9 @@ def test_run_serves_signals_in_base_units_to_prometheus(tmp_path):
 
 def _bad_run(tmp_path: Path, *metrics: str) -> subprocess.CompletedProcess:
     (tmp_path / "policy.yaml").write_text(POLICY)
-    return subprocess.run(RX + ["--state-dir", str(tmp_path / "state"), "--hook-dir", str(tmp_path / "hooks"),
-                                "run", "--no-probes", "--duration", "0", "--policy", str(tmp_path / "policy.yaml"),
-                                "--kill-switch", str(tmp_path / "disable"), *metrics],
-                          capture_output=True, text=True, timeout=60)
+    return run_cli("--state-dir", str(tmp_path / "state"), "--hook-dir", str(tmp_path / "hooks"),
+                   "run", "--no-probes", "--duration", "0", "--policy", str(tmp_path / "policy.yaml"),
+                   "--kill-switch", str(tmp_path / "disable"), *metrics, timeout=60)
 
 
 def test_an_address_in_use_or_not_here_is_one_error_line(tmp_path):

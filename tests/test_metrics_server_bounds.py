@@ -28,7 +28,7 @@ import pytest
 from conftest import wait_until
 from prometheus_client import CollectorRegistry, Gauge
 
-from reflexarc.controller.exporter import CONNECTION_DEADLINE_S, MAX_CONNECTIONS, MetricsServer
+from reflexarc.controller.runtime.exporter import CONNECTION_DEADLINE_S, MAX_CONNECTIONS, MetricsServer
 
 CAP = 8
 DEADLINE = 1.5

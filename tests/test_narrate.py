@@ -17,15 +17,16 @@ import json
 import logging
 import re
 import subprocess
-import sys
 from pathlib import Path
 
-from reflexarc.controller.audit import AuditLog
-from reflexarc.controller.clock import SimClock
-from reflexarc.controller.narrate import JsonFormatter, Narrator, configure_logging, describe, evidence_text
+import pytest
+from conftest import run_cli
+
+from reflexarc.controller.engine.audit import AuditLog
+from reflexarc.controller.engine.clock import SimClock
+from reflexarc.controller.runtime.narrate import JsonFormatter, Narrator, configure_logging, describe, evidence_text
 from reflexarc.simulations.testbed.closed_loop import format_actions
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 
 STEP_SLOW = {"condition": 'max(step_time_ms{}[30s]) > 1.5x baseline', "signal": "step_time_ms", "agg": "max",
              "window": 30.0, "op": ">", "value": 374.2, "threshold": 274.5, "baseline": 183.0, "ok": True}
@@ -182,12 +183,10 @@ def _run(tmp_path: Path, *options: str) -> tuple[subprocess.CompletedProcess, li
     (tmp_path / "r.jsonl").write_text("".join(
         json.dumps({"t": i * 0.1, "name": "step_time_ms", "labels": {"job": "j", "rank": "0"},
                     "value": 520.0 if i < 50 else 100.0}) + "\n" for i in range(120)))
-    r = subprocess.run([*RX, *options, "--state-dir", str(tmp_path / "state"), "--proc-root", str(tmp_path / "proc"),
-                        "--hook-dir", str(tmp_path / "hooks"), "run", "--no-probes",
-                        "--replay", str(tmp_path / "r.jsonl"),
-                        "--policy", str(tmp_path / "p.yaml"), "--mode", "policy", "--interval", "0.2",
-                        "--duration", "12", "--kill-switch", str(tmp_path / "disable")],
-                       capture_output=True, text=True, timeout=120)
+    r = run_cli(*options, "--state-dir", str(tmp_path / "state"), "--proc-root", str(tmp_path / "proc"), "--hook-dir",
+                str(tmp_path / "hooks"), "run", "--no-probes", "--replay", str(tmp_path / "r.jsonl"), "--policy",
+                str(tmp_path / "p.yaml"), "--mode", "policy", "--interval", "0.2", "--duration", "12",
+                "--kill-switch", str(tmp_path / "disable"))
     assert r.returncode == 0, r.stderr
     records = [json.loads(line) for line in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
     assert knob.read_text().strip() == "1", "reverted when the rule cleared"
@@ -205,6 +204,7 @@ def _told(records: list[dict]) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_a_live_run_tells_each_transition_and_action_on_stderr(tmp_path):
     r, records = _run(tmp_path)
     told = _told(records)
@@ -221,6 +221,7 @@ def test_a_live_run_tells_each_transition_and_action_on_stderr(tmp_path):
     assert len(r.stderr.splitlines()) == len(told) + 2, r.stderr      # nothing else: no library noise, no evals
 
 
+@pytest.mark.slow
 def test_json_log_format_tells_the_same_events_and_log_records_without_library_noise(tmp_path):
     r, records = _run(tmp_path / "v", "-v", "--log-format", "json")
     lines = [json.loads(line) for line in r.stderr.splitlines()]       # every line is one JSON object

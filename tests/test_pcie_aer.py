@@ -19,24 +19,25 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import run_cli
 
 from reflexarc.bpf import catalog
 from reflexarc.bpf.manager import ProbeManager
 from reflexarc.bpf.pcie_aer import ERRORS, SKIP_REASONS, SKIPPED, PcieAer
 from reflexarc.bpf.probe import OK, UNSUPPORTED, KernelFeatures, Selection
-from reflexarc.controller.policy_tests import run_policy_tests
-from reflexarc.controller.producers import PROBE, NodeFacts, Producer, producers_of
-from reflexarc.controller.signals import CATALOGUE
-from reflexarc.controller.simulate import run_scenario
+from reflexarc.controller.runtime.policy_tests import run_policy_tests
+from reflexarc.controller.signals.producers import PROBE, NodeFacts, Producer
+from reflexarc.controller.signals.catalogue import producers_of
+from reflexarc.controller.signals.catalogue import CATALOGUE
+from reflexarc.controller.runtime.simulate import run_scenario
 from reflexarc.core.devices import Devices
 from reflexarc.simulations import check_expectation, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 POLICY = ROOT / "policies" / "pcie-aer-alert.yaml"
 COR = ("RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "NonFatalErr", "CorrIntErr", "HeaderOF")
 UNCOR = ("Undefined", "DLP", "SDES", "TLP", "FCP", "CmpltTO", "CmpltAbrt", "UnxCmplt", "RxOF", "MalfTLP", "ECRC",
@@ -198,8 +199,7 @@ def test_the_light_tier_polls_them_from_the_managers_sys_root(sys_root):
 
 def rx(*args: str) -> subprocess.CompletedProcess:
     """The command line, with an alert receiver (none is contacted: validate and explain send nothing)."""
-    return subprocess.run(RX + ["--webhook-url", "http://127.0.0.1:9/alerts", *args], capture_output=True,
-                          text=True, timeout=120)
+    return run_cli("--webhook-url", "http://127.0.0.1:9/alerts", *args)
 
 
 def test_validate_and_explain_follow_the_sys_root(tmp_path, sys_root):

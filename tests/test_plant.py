@@ -11,7 +11,7 @@ import pytest
 from reflexarc.actuators.base import PermanentActuatorError, Target
 from reflexarc.actuators.specs import SPECS
 from reflexarc.controller.policy.loader import load_policies
-from reflexarc.controller.signals import CATALOGUE
+from reflexarc.controller.signals.catalogue import CATALOGUE
 from reflexarc.simulations import (Expectation, ExpectedAction, Plant, ScenarioError, check_expectation,
                                    list_scenarios, load_scenario)
 from reflexarc.simulations.params import covers
@@ -408,7 +408,7 @@ CASES = [(name, mode) for name in SCENARIOS for mode in sorted(load_scenario(nam
 
 @pytest.mark.parametrize("name,mode", CASES)
 def test_scenario_reaches_its_expected_outcome(name, mode):
-    from reflexarc.controller.simulate import run_scenario
+    from reflexarc.controller.runtime.simulate import run_scenario
     sc = load_scenario(name)
     result = run_scenario(sc, mode=mode)
     actions = result.actions()

@@ -11,12 +11,12 @@ from pathlib import Path
 import yaml
 
 from reflexarc.actuators.specs import SPECS
-from reflexarc.controller.explain import explain
-from reflexarc.controller.lifecycle import STATES, TRANSITIONS
+from reflexarc.controller.policy.explain import explain
+from reflexarc.controller.engine.lifecycle import STATES, TRANSITIONS
 from reflexarc.controller.policy.loader import load_policies, validate_paths
 from reflexarc.controller.policy.schema import SECTIONS
-from reflexarc.controller.policy_tests import run_policy_tests
-from reflexarc.controller.producers import NodeFacts
+from reflexarc.controller.runtime.policy_tests import run_policy_tests
+from reflexarc.controller.signals.producers import NodeFacts
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "policies.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from reflexarc.actuators.specs import SPECS
-from reflexarc.controller.policy.diagnostics import Diagnostic
+from reflexarc.core.diagnostics import Diagnostic
 from reflexarc.controller.policy.loader import PolicyError, load_policies, validate_paths
 from reflexarc.controller.policy.model import Combo, Condition
 
@@ -94,12 +94,10 @@ def test_nested_combinations_relative_thresholds_and_normalised_params():
                                       "timeout": 90.0}
 
 
-def test_every_parameter_of_every_actuator_is_read_and_normalised():
+def test_parameters_written_as_people_write_them_are_normalised():
+    """(Every parameter of every actuator, from the specs: tests/test_actuator_specs.py.)"""
     (policy,) = load_policies([str(VALID / "all-params.yaml")])
     actions = policy.rules[0].actions
-    used = {(a.actuator, name) for a in actions for name in a.params}
-    assert used == {(spec.name, p.name) for spec in SPECS.values() for p in spec.params}, \
-        "extend valid/all-params.yaml with the new actuator parameters"
     by_name = {}
     for action in actions:
         by_name.setdefault(action.actuator, {}).update(action.params)

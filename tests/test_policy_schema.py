@@ -13,7 +13,7 @@ from yaml.nodes import MappingNode, SequenceNode
 from reflexarc.actuators.specs import SPECS
 from reflexarc.controller.policy import schema as policy_schema
 from reflexarc.controller.policy.loader import validate_paths
-from reflexarc.controller.signals import CATALOGUE
+from reflexarc.controller.signals.catalogue import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "policies" / "schema.json"

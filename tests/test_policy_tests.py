@@ -2,21 +2,16 @@
 wrong expectation fails with a readable diff."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli", "test-policies"]
-
-
-def test_builtin_policy_tests_pass(repo_root):
-    r = subprocess.run(RX + [str(repo_root / "policies" / "tests")], capture_output=True, text=True, timeout=300)
+def test_builtin_policy_tests_pass(repo_root, cli):
+    r = cli("test-policies", str(repo_root / "policies" / "tests"), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     names = {line.split()[1] for line in r.stdout.splitlines() if line.startswith("PASS")}
     policies = {p.name for p in (repo_root / "policies").glob("*.yaml")}
     assert {n.split("/")[-1] for n in names} == policies, "every built-in policy has a policy test"
 
 
-def test_wrong_expectation_fails_with_diff(tmp_path, repo_root):
+def test_wrong_expectation_fails_with_diff(tmp_path, repo_root, cli):
     f = tmp_path / "wrong.yaml"
     f.write_text(f"""\
 policy: {repo_root}/policies/dataloader-numa.yaml
@@ -28,7 +23,7 @@ cases:
       - {{actuator: dscp, outcome: applied}}
       - {{actuator: affinity, outcome: reverted, target: {{trainer: "4200"}}}}
 """)
-    r = subprocess.run(RX + [str(f)], capture_output=True, text=True, timeout=120)
+    r = cli("test-policies", str(f))
     assert r.returncode == 1
     assert "FAIL" in r.stdout
     assert "- missing: affinity applied @60s±5s (seen at 198s)" in r.stdout
@@ -38,10 +33,10 @@ cases:
     assert "0 passed, 1 failed" in r.stdout
 
 
-def test_malformed_test_file_is_located(tmp_path):
+def test_malformed_test_file_is_located(tmp_path, cli):
     f = tmp_path / "bad.yaml"
     f.write_text("policy: x.yaml\nscenario: numa-remote-worker\ncases:\n  - mode: enforce\n    expect: []\n")
-    r = subprocess.run(RX + [str(f)], capture_output=True, text=True, timeout=60)
+    r = cli("test-policies", str(f), timeout=60)
     assert r.returncode == 1
     assert f"{f}:5:5: error: unknown key 'expect'" in r.stdout
     assert "Traceback" not in r.stdout + r.stderr

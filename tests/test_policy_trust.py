@@ -4,17 +4,14 @@ owned by another user, writable by others, or in a directory others may write
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
-from conftest import require_root
+from conftest import require_root, run_cli
 
 from reflexarc.controller.policy.trust import untrusted
 import pytest
 
 pytestmark = [pytest.mark.kernel]
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 NOBODY = 65534
 POLICY = """\
 policies:
@@ -41,10 +38,9 @@ def place(tmp_path, mode=0o644, owner=0, dir_mode=0o755):
 
 
 def run(tmp_path, f, *extra):
-    return subprocess.run(RX + ["--state-dir", str(tmp_path / "state"), "--hook-dir", str(tmp_path / "hooks"),
-                                "run", "--no-probes", "--duration", "0.2", "--interval", "0.1", "--policy", str(f),
-                                "--kill-switch", str(tmp_path / "disable"), *extra],
-                          capture_output=True, text=True, timeout=60)
+    return run_cli("--state-dir", str(tmp_path / "state"), "--hook-dir", str(tmp_path / "hooks"), "run",
+                   "--no-probes", "--duration", "0.2", "--interval", "0.1", "--policy", str(f), "--kill-switch",
+                   str(tmp_path / "disable"), *extra, timeout=60)
 
 
 def test_a_root_owned_private_file_is_trusted(tmp_path):

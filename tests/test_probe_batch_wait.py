@@ -26,7 +26,7 @@ from conftest import ROOT, fake_tracefs, require_bpf, wait_until
 
 from reflexarc.bpf.batch_wait import BatchWait, data_queue_fds, pipe_ends
 from reflexarc.bpf.probe import DEGRADED, OK, UNSUPPORTED, Selection
-from reflexarc.controller.signals import CATALOGUE
+from reflexarc.controller.signals.catalogue import CATALOGUE
 
 pytestmark = [pytest.mark.kernel]
 

@@ -17,7 +17,7 @@ from conftest import require, require_bpf
 
 from reflexarc.bpf.block_io import BlockIo
 from reflexarc.bpf.probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures
-from reflexarc.controller.signals import CATALOGUE
+from reflexarc.controller.signals.catalogue import CATALOGUE
 
 pytestmark = [pytest.mark.kernel]
 

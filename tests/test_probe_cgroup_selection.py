@@ -18,7 +18,7 @@ from test_probe_gpu_submit import Child as IoctlChild
 
 from reflexarc.bpf.gpu_submit import GpuSubmit
 from reflexarc.bpf.probe import OK, Selection
-from reflexarc.controller.cli import _selection
+from reflexarc.controller.cli.shared import _selection
 from reflexarc.controller.policy.loader import load_policies
 from reflexarc.core.cgroups import cgroup2_root
 import pytest

@@ -26,7 +26,7 @@ from workloads.slow_reads import INDEX_READS, PipeDelayDataset
 from reflexarc.actuators.framework_hook import served_by_pid
 from reflexarc.bpf.dataloader_io import READ_SYSCALLS, DataloaderIo
 from reflexarc.bpf.probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Selection
-from reflexarc.controller.signals import CATALOGUE
+from reflexarc.controller.signals.catalogue import CATALOGUE
 import pytest
 
 pytestmark = [pytest.mark.kernel]

@@ -21,7 +21,7 @@ from conftest import gpu_dev, require_bpf
 
 from reflexarc.bpf.gpu_submit import GpuSubmit
 from reflexarc.bpf.probe import OK, UNSUPPORTED, Selection
-from reflexarc.controller.signals import CATALOGUE
+from reflexarc.controller.signals.catalogue import CATALOGUE
 import pytest
 
 pytestmark = [pytest.mark.kernel]

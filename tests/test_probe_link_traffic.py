@@ -30,9 +30,10 @@ from conftest import require, require_bpf
 from netns import NetnsPair, sh
 
 from reflexarc.bpf.link_traffic import (CLSACT, COUNTERS, FILTER_HANDLE, FILTER_NAME, FILTER_NAME_OWNS_QDISC,
-                                        FILTER_PRIO, TCX, LinkTraffic, Netns, ethtool_speed, tcx_attach,
-                                        tcx_detach, tcx_query, tcx_supported)
+                                        FILTER_PRIO, TCX, LinkTraffic, ethtool_speed, tcx_attach, tcx_detach,
+                                        tcx_query, tcx_supported)
 from reflexarc.bpf.probe import DEGRADED, OK, STOPPED, UNSUPPORTED, Selection
+from reflexarc.core.tc import Netns
 from reflexarc.core.cgroups import cgroup2_root
 
 pytestmark = [pytest.mark.kernel, pytest.mark.netns]

@@ -22,8 +22,8 @@ from reflexarc.bpf.dataloader_io import DataloaderIo
 from reflexarc.bpf.manager import ProbeManager
 from reflexarc.bpf.probe import DEEP_EVENTS_PER_S, OK, STOPPED, UNSUPPORTED, Probe, ProbeStatus, Selection
 from reflexarc.bpf.sched_numa import SchedNuma
-from reflexarc.controller.signals import CATALOGUE
-from reflexarc.controller.top import format_event
+from reflexarc.controller.signals.catalogue import CATALOGUE
+from reflexarc.controller.cli.top import format_event
 from reflexarc.core.procfs import ProcFS
 from reflexarc.core.topology import NodeMap, Topology
 

@@ -20,7 +20,7 @@ from netns import NetnsPair
 
 from reflexarc.bpf.net_tcp import NetTcp, format_flow, port_bitmap
 from reflexarc.bpf.probe import OK, Selection
-from reflexarc.controller.signals import CATALOGUE
+from reflexarc.controller.signals.catalogue import CATALOGUE
 import pytest
 
 pytestmark = [pytest.mark.kernel, pytest.mark.netns]

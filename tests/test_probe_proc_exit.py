@@ -29,10 +29,10 @@ from reflexarc.bpf.manager import ProbeManager
 from reflexarc.bpf.probe import OK, UNSUPPORTED, Selection
 from reflexarc.bpf.proc_exit import ProcExit
 from reflexarc.bpf.sched_numa import SchedNuma
-from reflexarc.controller.bus import SignalBus
-from reflexarc.controller.signal_metrics import SignalCollector
-from reflexarc.controller.signals import CATALOGUE
-from reflexarc.controller.sources import ProbeSource
+from reflexarc.controller.engine.bus import SignalBus
+from reflexarc.controller.runtime.signal_metrics import SignalCollector
+from reflexarc.controller.signals.catalogue import CATALOGUE
+from reflexarc.controller.sources.readers import ProbeSource
 import pytest
 
 pytestmark = [pytest.mark.kernel]

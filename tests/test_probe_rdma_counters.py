@@ -19,10 +19,11 @@ from reflexarc.bpf import catalog
 from reflexarc.bpf.manager import ProbeManager
 from reflexarc.bpf.probe import OK, UNSUPPORTED, KernelFeatures, Selection
 from reflexarc.bpf.rdma_counters import RdmaCounters
-from reflexarc.controller.explain import explain
+from reflexarc.controller.policy.explain import explain
 from reflexarc.controller.policy.loader import load_policies
-from reflexarc.controller.producers import PROBE, NodeFacts, Producer, producers_of, why_unproduced
-from reflexarc.controller.signals import CATALOGUE
+from reflexarc.controller.signals.producers import PROBE, NodeFacts, Producer
+from reflexarc.controller.signals.catalogue import producers_of, why_unproduced
+from reflexarc.controller.signals.catalogue import CATALOGUE
 from reflexarc.core.devices import Devices
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

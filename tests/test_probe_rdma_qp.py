@@ -16,7 +16,7 @@ from fixtures.fakeverbs import POLL, POST, FakeVerbs
 
 from reflexarc.bpf.probe import DEGRADED, STOPPED, UNSUPPORTED
 from reflexarc.bpf.rdma_qp import RdmaQp
-from reflexarc.controller.signals import CATALOGUE
+from reflexarc.controller.signals.catalogue import CATALOGUE
 import pytest
 
 pytestmark = [pytest.mark.kernel]

@@ -28,7 +28,7 @@ from conftest import require, require_bpf, two_node_sys
 
 from reflexarc.bpf.probe import OK, Selection
 from reflexarc.bpf.sched_numa import SchedNuma, numa_maps_kb
-from reflexarc.controller.signals import CATALOGUE
+from reflexarc.controller.signals.catalogue import CATALOGUE
 from reflexarc.core.topology import NodeMap, Topology
 
 pytestmark = [pytest.mark.kernel]

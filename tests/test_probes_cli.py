@@ -10,14 +10,13 @@ import pytest
 
 pytestmark = [pytest.mark.kernel]
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 LIGHT = ("dataloader_io", "sched_numa", "block_io", "gpu_submit", "net_tcp")
 RUNNING_HERE = ("dataloader_io", "sched_numa", "block_io", "net_tcp")     # gpu_submit: no GPU here
 
 
-def test_probes_lists_light_ok_and_deep_degraded_with_reasons():
+def test_probes_lists_light_ok_and_deep_degraded_with_reasons(cli):
     require_bpf()
-    r = subprocess.run(RX + ["probes"], capture_output=True, text=True, timeout=300)
+    r = cli("probes", timeout=300)
     assert r.returncode == 0, r.stderr
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
     for name in RUNNING_HERE:
@@ -28,25 +27,24 @@ def test_probes_lists_light_ok_and_deep_degraded_with_reasons():
     assert "without kprobes" in line and "no RDMA device" in line and "uprobe" in line
 
 
-def test_dump_bpf_prints_final_c_with_cflags():
+def test_dump_bpf_prints_final_c_with_cflags(cli):
     require_bpf()
-    r = subprocess.run(RX + ["probes", "--dump-bpf"], capture_output=True, text=True, timeout=120)
+    r = cli("probes", "--dump-bpf")
     assert r.returncode == 0, r.stderr
     for name in LIGHT:
         assert f"// probe: {name}" in r.stdout
     assert "// cflag: -D" in r.stdout and "TRACEPOINT_PROBE" in r.stdout
 
 
-def test_top_prints_live_signals():
+def test_top_prints_live_signals(cli):
     require_bpf()
-    r = subprocess.run(RX + ["top", "--interval", "0.5", "--count", "2"], capture_output=True, text=True,
-                       timeout=300)
+    r = cli("top", "--interval", "0.5", "--count", "2", timeout=300)
     assert r.returncode == 0, r.stderr
     frames = [line for line in r.stdout.splitlines() if re.match(r"\d\d:\d\d:\d\d  \d+ training process", line)]
     assert len(frames) == 2, r.stdout
 
 
-def test_top_shows_hook_step_signals_and_loader_signals_by_training_process(tmp_path):
+def test_top_shows_hook_step_signals_and_loader_signals_by_training_process(tmp_path, cli):
     """A real DataLoader job with framework hooks: ``top`` shows the step signals it
     reports and its workers' read signals under its pid and rank."""
     require_bpf()
@@ -67,8 +65,7 @@ def test_top_shows_hook_step_signals_and_loader_signals_by_training_process(tmp_
                 ready = rec
                 break
         assert ready is not None, "the job did not start"
-        r = subprocess.run(RX + ["--hook-dir", str(hooks), "top", "--job", "llama", "--interval", "1",
-                                 "--count", "4"], capture_output=True, text=True, timeout=300)
+        r = cli("--hook-dir", str(hooks), "top", "--job", "llama", "--interval", "1", "--count", "4", timeout=300)
     finally:
         os.killpg(job.pid, signal.SIGTERM)
         job.wait(timeout=30)

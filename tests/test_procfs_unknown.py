@@ -35,9 +35,9 @@ from reliability.workloads import IDLE_WORKER, TRAINER
 
 from reflexarc.actuators.affinity import AffinityActuator
 from reflexarc.actuators.base import Change, PermanentActuatorError, Registry, Target
-from reflexarc.controller.clock import WallClock
-from reflexarc.controller.executor import Executor, RetrySettings
-from reflexarc.controller.journal import Journal
+from reflexarc.controller.engine.clock import WallClock
+from reflexarc.controller.engine.executor import Executor, RetrySettings
+from reflexarc.controller.engine.journal import Journal
 from reflexarc.core.outcomes import Outcome
 from reflexarc.core.procfs import ProcFS
 
@@ -213,9 +213,9 @@ def test_a_pinned_change_is_not_gone_and_not_reverted_while_proc_cannot_be_read(
     out = in_child(r"""
         from reflexarc.actuators.affinity import AffinityActuator
         from reflexarc.actuators.base import Change, Registry
-        from reflexarc.controller.clock import WallClock
-        from reflexarc.controller.executor import Executor, RetrySettings
-        from reflexarc.controller.journal import Journal
+        from reflexarc.controller.engine.clock import WallClock
+        from reflexarc.controller.engine.executor import Executor, RetrySettings
+        from reflexarc.controller.engine.journal import Journal
         change = Change.from_dict(json.load(open(sys.argv[1])))
         by_trainer = Change.from_dict(json.load(open(sys.argv[2])))
         act = AffinityActuator(sys_root=sys.argv[3])

@@ -13,20 +13,18 @@ import logging
 import socket
 import socketserver
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_cli
 from prometheus_client import CollectorRegistry
 
-from reflexarc.controller.promql import MAX_REPLY, Kind, PromqlSource, QueryError, instant_query, load_checked
-from reflexarc.controller.promql_config import load_config
+from reflexarc.controller.sources.promql import MAX_REPLY, Kind, PromqlSource, QueryError, instant_query, load_checked
+from reflexarc.controller.sources.promql_config import load_config
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 STRAGGLER = ROOT / "policies" / "rank-straggler.yaml"
 TIMEOUT = 1.0
 TRICKLE = 0.3            # seconds between two bytes of a trickled reply
@@ -144,8 +142,7 @@ def errors(registry: CollectorRegistry, kind: str) -> float | None:
 
 def validate(path: Path) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    r = subprocess.run(RX + ["validate", "--promql-config", str(path), str(STRAGGLER)], capture_output=True,
-                       text=True, timeout=120)
+    r = run_cli("validate", "--promql-config", str(path), str(STRAGGLER))
     return r, time.monotonic() - started
 
 

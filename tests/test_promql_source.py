@@ -12,33 +12,28 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, require
+from conftest import ROOT, require, spawn_cli
 from exporters import DcgmExporter, RankExporter
 from prometheus_client import CollectorRegistry
 from reflexarc.simulations.testbed.prometheus import BINARY, PrometheusServer
 
 from reflexarc.controller.policy.loader import load_policies
-from reflexarc.controller.producers import NodeFacts, why_unproduced
-from reflexarc.controller.promql import Kind, PromqlSource, load_checked
-from reflexarc.controller.promql_config import PromqlConfigError, load_config, static_type
-from reflexarc.controller.readiness import findings, idle_reason
+from reflexarc.controller.signals.producers import NodeFacts
+from reflexarc.controller.signals.catalogue import why_unproduced
+from reflexarc.controller.sources.promql import Kind, PromqlSource, load_checked
+from reflexarc.controller.sources.promql_config import PromqlConfigError, load_config, static_type
+from reflexarc.controller.policy.readiness import findings, idle_reason
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 EXAMPLE = ROOT / "docs" / "examples" / "promql.yaml"
 STRAGGLER = ROOT / "policies" / "rank-straggler.yaml"
 # Rank 2 (on node-b) runs 190 ms before its collective, ranks 0 and 1 (node-a) ~100 ms.
 PRE_COLLECTIVE = {0: ("node-a", 100.0), 1: ("node-a", 104.0), 2: ("node-b", 190.0)}
 MEDIAN = 104.0
-
-
-def rx(*args, timeout=120):
-    return subprocess.run(RX + list(args), capture_output=True, text=True, timeout=timeout)
 
 
 def example_for(tmp_path: Path, url: str, node: str, extra: str = "") -> Path:
@@ -121,14 +116,14 @@ def test_the_text_of_a_query_says_when_it_is_no_vector(query, kind):
      "the PromQL configuration is missing required key 'prometheus'"),
     ("", "1:1", "empty file"),
 ])
-def test_configuration_errors_are_located(tmp_path, body, where, message):
+def test_configuration_errors_are_located(tmp_path, body, where, message, cli):
     path = tmp_path / "promql.yaml"
     path.write_text(body)
     with pytest.raises(PromqlConfigError) as raised:
         load_config(path)
     assert any(str(d).startswith(f"{path}:{where}: error: {message}") for d in raised.value.diagnostics), \
         "\n".join(map(str, raised.value.diagnostics))
-    r = rx("validate", "--promql-config", str(path), str(STRAGGLER))
+    r = cli("validate", "--promql-config", str(path), str(STRAGGLER))
     assert r.returncode == 1 and f"{path}:{where}: error: {message}" in r.stdout, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
 
@@ -155,32 +150,34 @@ def test_promql_fed_signals_count_as_produced_only_when_configured():
     assert [f for f in findings([policy], facts, receiver=True) if f.severity != "note"] == []
 
 
-def test_validate_notes_the_straggler_policy_idle_without_a_source_and_checks_it_with_one(tmp_path, cluster):
-    r = rx("validate", str(ROOT / "policies"))
+@pytest.mark.slow
+def test_validate_notes_the_straggler_policy_idle_without_a_source_and_checks_it_with_one(tmp_path, cluster, cli):
+    r = cli("validate", str(ROOT / "policies"))
     assert r.returncode == 0 and "warning:" not in r.stdout + r.stderr, r.stdout + r.stderr
     assert "policy rank-straggler requires promql: idle on this node: no PromQL source configured" in r.stdout
     cfg = example_for(tmp_path, cluster.url, "node-b")
-    r = rx("--webhook-url", "http://127.0.0.1:9/hook", "validate", "--promql-config", str(cfg), str(STRAGGLER))
+    r = cli("--webhook-url", "http://127.0.0.1:9/hook", "validate", "--promql-config", str(cfg), str(STRAGGLER))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "rank-straggler" not in r.stdout and "warning:" not in r.stdout, r.stdout   # produced: no note
     # node-c has neither a GPU nor a rank: both queries match nothing, which is a note, not a problem
     cfg_c = example_for(tmp_path, cluster.url, "node-c")
-    r = rx("validate", "--promql-config", str(cfg_c), str(STRAGGLER))
+    r = cli("validate", "--promql-config", str(cfg_c), str(STRAGGLER))
     notes = [line for line in r.stdout.splitlines() if ": note: the query matches no series now" in line]
     assert len(notes) == 2 and notes[0].startswith(f"{cfg_c}:14:12: note:"), r.stdout
 
 
-def test_queries_prometheus_refuses_are_located_errors_at_load(tmp_path, cluster):
+@pytest.mark.slow
+def test_queries_prometheus_refuses_are_located_errors_at_load(tmp_path, cluster, cli):
     path = config(tmp_path, cluster.url,
                   "  - {signal: gpu_utilization_pct, query: 'avg by (gpu) (DCGM_FI_DEV_GPU_UTIL'}\n"
                   "  - {signal: nccl_link_latency_us, query: '1 + 1'}\n")
-    r = rx("validate", "--promql-config", str(path), str(STRAGGLER))
+    r = cli("validate", "--promql-config", str(path), str(STRAGGLER))
     assert r.returncode == 1, r.stdout + r.stderr
     assert (f"{path}:6:42: error: Prometheus refuses the query: HTTP 400: bad_data: invalid parameter "
             '"query": 1:35: parse error: unclosed left parenthesis') in r.stdout, r.stdout
     assert f"{path}:7:43: error: the query is not usable: the result is a scalar, not an instant vector" in r.stdout
-    r = rx("--state-dir", str(tmp_path / "state"), "run", "--no-probes", "--promql-config", str(path),
-           "--policy", str(STRAGGLER), "--duration", "1")
+    r = cli("--state-dir", str(tmp_path / "state"), "run", "--no-probes", "--promql-config", str(path),
+            "--policy", str(STRAGGLER), "--duration", "1")
     assert r.returncode == 1 and r.stderr.splitlines()[-1] == f"error: 2 error(s) in {path}", r.stderr
 
 
@@ -194,6 +191,7 @@ def test_prometheus_unreachable_at_load_is_a_warning_not_an_error(tmp_path):
 
 # --- the source --------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_dcgm_gpu_utilisation_through_promql(tmp_path, cluster):
     """The shipped example's query over dcgm-exporter's metrics: this node's GPUs only,
     labelled gpu and node; every other label dropped, also without an aggregation."""
@@ -215,6 +213,7 @@ def test_dcgm_gpu_utilisation_through_promql(tmp_path, cluster):
         [("gpu_utilization_pct", {"node": "node-b", "gpu": "0"}, 55.0)]
 
 
+@pytest.mark.slow
 def test_rank_ratio_over_the_jobs_median_names_the_straggler_on_its_node(tmp_path, cluster):
     b = PromqlSource(load_config(example_for(tmp_path, cluster.url, "node-b"))).evaluate()
     [(name, labels, value)] = [s for s in b.samples if s[0] == "rank_pre_collective_ratio"]
@@ -225,6 +224,7 @@ def test_rank_ratio_over_the_jobs_median_names_the_straggler_on_its_node(tmp_pat
     assert ratios == {"0": pytest.approx(100.0 / MEDIAN), "1": pytest.approx(1.0)}
 
 
+@pytest.mark.slow
 def test_a_failing_query_is_counted_logged_once_and_the_others_go_on(tmp_path, cluster, caplog):
     registry = CollectorRegistry()
     path = config(tmp_path, cluster.url,
@@ -255,6 +255,7 @@ def test_a_failing_query_is_counted_logged_once_and_the_others_go_on(tmp_path, c
     assert sum(1 for s in rounds[0].samples if s[0] == "gpu_utilization_pct") == 1
 
 
+@pytest.mark.slow
 def test_prometheus_down_is_retried_then_reported_and_the_source_recovers(tmp_path, caplog):
     require(Path(BINARY).exists(), f"Debian's prometheus at {BINARY}")
     with DcgmExporter("node-a", {0: 87.0}) as dcgm, PrometheusServer({"dcgm": [dcgm.address]}) as prom:
@@ -285,6 +286,7 @@ def test_prometheus_down_is_retried_then_reported_and_the_source_recovers(tmp_pa
         assert sum("works again" in r.getMessage() for r in caplog.records) == 2
 
 
+@pytest.mark.slow
 def test_polls_never_wait_for_prometheus_and_rounds_follow_the_interval(tmp_path, cluster):
     """The live loop's side: rounds run on the worker thread, at most one per
     ``interval`` of the loop's clock, each round's samples handed over once."""
@@ -342,6 +344,7 @@ class RankTwo:
         self.hooks.close()
 
 
+@pytest.mark.slow
 def test_the_straggler_policy_plans_the_prefetch_hook_for_rank_2_in_a_controller_run(tmp_path, cluster):
     hooks, state = tmp_path / "hooks", tmp_path / "state"
     hooks.mkdir(mode=0o755)
@@ -351,11 +354,10 @@ def test_the_straggler_policy_plans_the_prefetch_hook_for_rank_2_in_a_controller
     (tmp_path / "promql.yaml").write_text(cfg)
     audit = state / "audit.jsonl"
     rank = RankTwo(hooks)
-    ctl = subprocess.Popen(RX + ["--state-dir", str(state), "--hook-dir", str(hooks), "run", "--no-probes",
-                                 "--mode", "dry-run", "--promql-config", str(tmp_path / "promql.yaml"),
-                                 "--policy", str(STRAGGLER), "--interval", "1", "--duration", "150",
-                                 "--kill-switch", str(tmp_path / "disable"), "--audit", str(audit)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ctl = spawn_cli("--state-dir", str(state), "--hook-dir", str(hooks), "run", "--no-probes", "--mode", "dry-run",
+                    "--promql-config", str(tmp_path / "promql.yaml"), "--policy", str(STRAGGLER), "--interval", "1",
+                    "--duration", "150", "--kill-switch", str(tmp_path / "disable"), "--audit", str(audit),
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     planned = None
     try:
         deadline = time.monotonic() + 140

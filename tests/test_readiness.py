@@ -3,20 +3,17 @@
 source) or when alerts have no receiver."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from types import SimpleNamespace
 
 from conftest import ROOT
 
 from reflexarc.controller.policy.loader import load_policies
-from reflexarc.controller.producers import NodeFacts, Producer, why_unproduced
-from reflexarc.controller.readiness import CatalogueFacts, findings, idle_reason
-from reflexarc.controller.signals import CATALOGUE, PRODUCERS
-from reflexarc.controller.sources import NvmlSource
+from reflexarc.controller.signals.producers import NodeFacts, Producer
+from reflexarc.controller.signals.catalogue import why_unproduced
+from reflexarc.controller.policy.readiness import CatalogueFacts, findings, idle_reason
+from reflexarc.controller.signals.catalogue import CATALOGUE, PRODUCERS
+from reflexarc.controller.sources.readers import NvmlSource
 from reflexarc.core.devices import Devices
-
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 
 GPU_POLICY = """\
 policies:
@@ -28,10 +25,6 @@ policies:
         actions:
           - {actuator: alert, params: {summary: GPUs idle}}
 """
-
-
-def rx(*args):
-    return subprocess.run(RX + list(args), capture_output=True, text=True, timeout=120)
 
 
 def test_every_catalogued_signal_declares_its_producers():
@@ -51,44 +44,44 @@ def test_every_shipped_policy_signal_has_a_producer_here():
     assert idle <= {"gpu-submit-gap", "rdma-deep-tracing", "rank-straggler", "pcie-aer-alert"}
 
 
-def test_validate_of_the_shipped_policies_prints_no_warning():
-    r = rx("validate", str(ROOT / "policies"))
+def test_validate_of_the_shipped_policies_prints_no_warning(cli):
+    r = cli("validate", str(ROOT / "policies"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "warning:" not in r.stdout + r.stderr
     notes = [line for line in r.stdout.splitlines() if ": note: " in line]
     assert any("gpu-submit-gap requires gpu: idle on this node: no GPU" in n for n in notes), r.stdout
 
 
-def test_a_gpu_signal_on_a_gpu_less_node_gets_a_located_warning(tmp_path):
+def test_a_gpu_signal_on_a_gpu_less_node_gets_a_located_warning(tmp_path, cli):
     policy = tmp_path / "gpu.yaml"
     policy.write_text(GPU_POLICY)
-    r = rx("--webhook-url", "http://127.0.0.1:9/hook", "validate", str(policy))
+    r = cli("--webhook-url", "http://127.0.0.1:9/hook", "validate", str(policy))
     assert r.returncode == 0, r.stdout + r.stderr
     [warning] = [line for line in r.stdout.splitlines() if "warning:" in line]
     assert warning.startswith(f"{policy}:6:15: warning: signal 'gpu_utilization_pct' has no producer on this "
                               "node: NVML: no GPU"), warning
     assert "a PromQL source: no PromQL source configured" in warning
-    strict = rx("--webhook-url", "http://127.0.0.1:9/hook", "validate", "--strict", str(policy))
+    strict = cli("--webhook-url", "http://127.0.0.1:9/hook", "validate", "--strict", str(policy))
     assert strict.returncode == 1 and f"{policy}:6:15: error: signal 'gpu_utilization_pct'" in strict.stdout
     assert "Traceback" not in strict.stderr
 
 
-def test_an_alert_without_receiver_is_a_warning_at_validate(tmp_path):
+def test_an_alert_without_receiver_is_a_warning_at_validate(tmp_path, cli):
     policy = tmp_path / "gpu.yaml"
     policy.write_text(GPU_POLICY.replace("    rules:", "    requires: [gpu]\n    rules:"))
-    r = rx("validate", str(policy))
+    r = cli("validate", str(policy))
     assert r.returncode == 0 and "warning:" not in r.stdout, r.stdout   # idle here: nothing would send
     policy.write_text(GPU_POLICY.replace("gpu_utilization_pct", "step_time_ms"))
-    r = rx("validate", str(policy))
+    r = cli("validate", str(policy))
     [warning] = [line for line in r.stdout.splitlines() if "warning:" in line]
     assert warning == (f"{policy}:2:5: warning: policy gpu-idle (alert-only) sends alerts, but no alert receiver "
                        "is configured: give --alertmanager-url or --webhook-url")
 
 
-def test_unknown_required_device_is_a_located_error(tmp_path):
+def test_unknown_required_device_is_a_located_error(tmp_path, cli):
     policy = tmp_path / "x.yaml"
     policy.write_text(GPU_POLICY.replace("    rules:", "    requires: [tpu]\n    rules:"))
-    r = rx("validate", str(policy))
+    r = cli("validate", str(policy))
     assert r.returncode == 1
     assert f"{policy}:4:16: error: unknown device 'tpu' in 'requires' (known: gpu, rdma, pcie_aer)" in r.stdout
 
@@ -128,10 +121,10 @@ def test_catalogue_facts_judge_from_the_catalogue_and_the_given_promql_configura
     assert facts.note().startswith("note: not root: this node's checks skipped (")
 
 
-def test_validate_as_root_checks_this_node_and_says_no_note(tmp_path):
+def test_validate_as_root_checks_this_node_and_says_no_note(tmp_path, cli):
     policy = tmp_path / "gpu.yaml"
     policy.write_text(GPU_POLICY.replace("    rules:", "    requires: [gpu]\n    rules:"))
-    r = rx("--sys-root", str(tmp_path), "validate", str(policy))
+    r = cli("--sys-root", str(tmp_path), "validate", str(policy))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "note: not root" not in r.stderr and "idle on this node: no GPU" in r.stdout, r.stdout + r.stderr
 

@@ -35,7 +35,7 @@ journal or a signal storm leaves behind, counted on the real system.
     series cap (``reliability/churn.py``).
 
 CI (``make test``) runs the shortened counts of ``reliability/counts.py``
-(5 kill trials per actuator, 300 fuzzed files, ...); ``REFLEXARC_SOAK=1`` runs
+(5 kill trials per actuator, 100 fuzzed files, ...); ``REFLEXARC_SOAK=1`` runs
 the full ones (50 per actuator, 10,000 files, ...), which ``make soak``
 (``bench/reliability.py``) does before writing ``bench/results/reliability.json``.
 Times and memory are recorded (``REFLEXARC_RELIABILITY_OUT``), never asserted.
@@ -161,11 +161,11 @@ def test_a_signal_storm_still_shuts_down_cleanly_and_counts_every_sample(tmp_pat
 @pytest.mark.timeout(LONG)
 def test_a_full_state_disk_never_leaves_a_change_applied(tmp_path):
     require_root()
-    figures = exhaustion.full_disk(tmp_path, rounds=3 if COUNTS.soak else 1)
+    figures = exhaustion.full_disk(tmp_path, rounds=COUNTS.full_disk_rounds)
     record("full-disk", figures)
     assert figures["failures"] == [], "\n".join(figures["failures"])
     assert figures["leaks"] == 0, "\n".join(figures["leak_details"])
-    assert figures["trials"] == len(exhaustion.CASES) * (3 if COUNTS.soak else 1)
+    assert figures["trials"] == len(exhaustion.CASES) * COUNTS.full_disk_rounds
 
 
 @pytest.mark.timeout(LONG)

@@ -257,7 +257,7 @@ def test_summary_of_the_records_view_rereads_the_file():
 
 
 def test_report_of_a_simulated_run(tmp_path):
-    from reflexarc.controller.simulate import run_scenario
+    from reflexarc.controller.runtime.simulate import run_scenario
     result = run_scenario("numa-remote-worker", out_dir=tmp_path, report=True)
     records = raw_records(result.audit_path)
     assert records[-1]["kind"] == "end"
@@ -311,6 +311,47 @@ def test_audit_text_is_escaped(tmp_path):
     md = paths["md"].read_text()
     assert "<script>" not in md.split("```")[0]        # escaped outside code blocks
     assert json.loads(paths["json"].read_text())["summary"]["rules"][0]["policy"] == evil
+
+
+def test_every_text_of_the_audit_reaches_the_markdown_escaped(tmp_path):
+    """Each text field the pages show, set to markup: outside code spans and fences the Markdown
+    has no tag a renderer would run, no ``|`` that would split a table cell; the HTML has none either."""
+    evil = "<img src=x onerror=alert(1)>|&amp;"
+    where = {"policy": evil, "rule": evil + "r", "target": evil + "t", "mode": "dry-run"}
+    records = [
+        {"ts": 0, "kind": "run", "source": evil, "mode_override": None, "started_at": evil,
+         "policies": [{"name": evil, "mode": "dry-run", "file": evil,
+                       "rules": [{"name": evil + "r", "conditions": [evil], "actions": [evil], "verify": evil,
+                                  "rollback": evil}]}]},
+        {**where, "ts": 1, "kind": "transition", "from": "ok", "to": "pending", "trigger": evil,
+         "evidence": [{"condition": evil, "value": 2, "threshold": 1, "op": evil, "ok": True}], "note": evil},
+        {**where, "ts": 2, "kind": "transition", "from": "pending", "to": "firing", "trigger": evil,
+         "evidence": [{"condition": evil, "value": 2, "threshold": 1, "op": evil, "ok": True}], "note": evil},
+        {**where, "ts": 3, "kind": "action", "step": 0, "actuator": evil, "params": {evil: evil},
+         "outcome": "planned", "change": {"before": evil, "after": evil + "2", "summary": evil},
+         "error": evil, "note": evil, "journal_id": None},
+        {**where, "ts": 4, "kind": "limit", "reason": evil},
+        {"ts": 5, "kind": evil},
+    ]
+    audit_path = tmp_path / "audit.jsonl"
+    audit_path.write_text("\n".join(json.dumps(r) for r in records) + "\nnot json " + evil + "\n")
+    paths = write_report(audit_path, tmp_path / "out")
+    md = paths["md"].read_text()
+    prose = re.sub(r"^ *(```+).*?^ *\1$", "", md, flags=re.M | re.S)       # fenced blocks
+    prose = re.sub(r"(`+).+?\1", "", prose)                                # code spans
+    assert evil.split("|")[0] in md.replace("&lt;", "<") and "<img" not in prose and "&amp;amp;" in prose
+    for line in prose.splitlines():
+        if line.startswith("|"):
+            assert "img" not in line or "\\|&amp;amp;" in line, line        # a cell's | is escaped
+    page = Page(paths["html"].read_text())
+    assert page.tags["img"] == page.tags["script"] == 0
+
+
+def test_a_rules_rollback_reads_as_written():
+    from reflexarc.controller.report.rules import as_written
+    assert as_written("on ['shutdown', 'ttl'], ttl 3600s") == "on shutdown, ttl; ttl 3600s"
+    assert as_written("on []") == "on none" and as_written("on [], ttl 300s") == "on none; ttl 300s"
+    assert as_written("never") == "never"
 
 
 def test_malformed_records_are_counted_not_fatal():
@@ -432,6 +473,7 @@ def test_end_summary_disagreement_is_reported():
     assert warnings == ["the controller's end summary says transitions=99, the records show 13"]
 
 
+@pytest.mark.slow
 def test_a_200k_record_audit_is_reported_whole(tmp_path):
     """A trail of 200,000 records, most of them decisions, streams into report.json
     complete and in order; the pages show their capped share and say where the
@@ -439,8 +481,7 @@ def test_a_200k_record_audit_is_reported_whole(tmp_path):
     from fixtures.audit.synthetic import write_audit
     from reflexarc.controller.report import write_audit_report
     from reflexarc.controller.report.detail import Detail
-    from reflexarc.controller.report.html_page import MAX_DECISION_ROWS as HTML_ROWS
-    from reflexarc.controller.report.markdown_page import MAX_DECISION_ROWS as MD_ROWS
+    HTML_ROWS = MD_ROWS = Detail.DEFAULT.decision_rows          # both pages render one view (view.py)
     path = tmp_path / "audit.jsonl"
     truth = write_audit(path, 200_000, events_every=1)
     assert len(path.read_text().splitlines()) == 200_000
@@ -489,6 +530,30 @@ def test_a_200k_record_audit_is_reported_whole(tmp_path):
     assert f"_{len(decisions) - MD_ROWS} more rows are in report.json._" in md
 
 
+def test_both_pages_show_the_same_share_of_a_capped_table(tmp_path):
+    """The view decides once how many rows fit the page's share; HTML and Markdown show those
+    rows and both say how many more report.json has."""
+    import dataclasses
+    import io
+    from reflexarc.controller.report.detail import Detail
+    from reflexarc.controller.report.pages import render_html, render_markdown
+    from reflexarc.controller.report.view import page
+    from reflexarc.controller.report.writer import write_json
+    audit = load_audit(FIXTURES / "dry_run.jsonl")
+    summary = summarize(audit)
+    detail = dataclasses.replace(Detail.DEFAULT, table_bytes=6_000)
+    log, incidents = write_json(io.StringIO(), audit, summary, detail)
+    view = page(audit, summary, log, incidents, detail)
+    shown = len(view.decisions.rows)
+    assert 1 <= shown < log.total
+    html, md = render_html(view), render_markdown(view)
+    assert html.split('<table class="decisions">')[1].split("</table>")[0].count("<tr class=") == shown
+    section = md.split("## Decisions")[1].split("\n## ")[0]
+    assert len([line for line in section.splitlines() if line.startswith("| ") and "---" not in line]) == shown + 1
+    more = f"{log.total - shown} more rows are in report.json."
+    assert more in html and f"_{more}_" in md
+
+
 def test_decisions_of_a_trail_out_of_time_order_are_sorted(tmp_path):
     """A wall clock that steps back puts records out of order; the decision log is still in time order."""
     def transition(ts, to):
@@ -518,7 +583,7 @@ def test_an_overlong_line_is_counted_and_the_next_one_read(tmp_path, monkeypatch
 
 
 def test_a_fifo_among_the_rotated_files_is_refused_not_read(tmp_path):
-    from reflexarc.controller.input_files import InputFileError
+    from reflexarc.core.input_files import InputFileError
     path = tmp_path / "audit.jsonl"
     path.write_text(json.dumps({"ts": 0, "kind": "run", "source": "live", "policies": []}) + "\n")
     os.mkfifo(tmp_path / "audit.jsonl.1")
@@ -526,6 +591,7 @@ def test_a_fifo_among_the_rotated_files_is_refused_not_read(tmp_path):
         load_audit(path)
 
 
+@pytest.mark.slow
 def test_report_scale_bench_quick_checks_its_reports(tmp_path):
     """bench/report_scale.py runs and checks each report it times (the times are its output, not asserted)."""
     import subprocess

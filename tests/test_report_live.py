@@ -199,7 +199,7 @@ def test_the_rule_comes_from_the_audit_or_else_the_policy_file(tmp_path):
     """A run record carries the rule's expression with its nesting; an older one
     lists the conditions flat, and the repository's policy file has the nesting."""
     import json
-    from reflexarc.controller.simulate import run_scenario
+    from reflexarc.controller.runtime.simulate import run_scenario
     from reflexarc.controller.report.rules import rule_specs
     result = run_scenario("numa-remote-worker", out_dir=tmp_path, report=True)
     html = result.reports["html"].read_text()
@@ -357,12 +357,10 @@ def test_a_reload_is_read_and_its_policies_described():
     assert summary["warnings"] == [] and summary["runs"][0]["modes"] == ["dry-run"]
 
 
-def test_the_cli_prints_what_acted_and_folds_the_rest(churn, tmp_path):
+def test_the_cli_prints_what_acted_and_folds_the_rest(churn, tmp_path, cli):
     """`reflexarc report` prints a row per target that did something and a line per
     rule for the quiet ones; `--full` draws every target."""
-    import sys
-    rx = [sys.executable, "-m", "reflexarc.controller.cli", "report", str(churn["audit"])]
-    r = subprocess.run(rx + ["--out", str(tmp_path / "a")], capture_output=True, text=True, timeout=300)
+    r = cli("report", str(churn["audit"]), "--out", str(tmp_path / "a"), timeout=300)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split()[:3] == ["RUN", "POLICY", "RULE"] and len(lines) < 20
@@ -370,7 +368,7 @@ def test_the_cli_prints_what_acted_and_folds_the_rest(churn, tmp_path):
     assert any(line.startswith("run 1: dataloader-worker-io / worker-read-slow: ") and "targets never fired" in line
                for line in lines)
     assert "run 1 (live): 19 transitions; applied 3, notified 1, reverted 2" in lines
-    r = subprocess.run(rx + ["--out", str(tmp_path / "b"), "--full"], capture_output=True, text=True, timeout=300)
+    r = cli("report", str(churn["audit"]), "--out", str(tmp_path / "b"), "--full", timeout=300)
     assert r.returncode == 0, r.stderr
     quiet = sum(1 for row in churn["json"]["summary"]["rules"] if not row["active"])
     assert (tmp_path / "b" / "report.html").read_text().count('class="timeline"') == 5 + quiet

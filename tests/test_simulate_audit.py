@@ -8,16 +8,16 @@ bounds are on bytes and record counts, never on time."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
-from reflexarc.controller.audit import EVERY_TICK_STATES
-from reflexarc.controller.report import load_audit
-from reflexarc.controller.simulate import AUDIT_SAMPLE, run_scenario
+import pytest
+from conftest import run_cli
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
+from reflexarc.controller.engine.audit import EVERY_TICK_STATES
+from reflexarc.controller.report import load_audit
+from reflexarc.controller.runtime.simulate import AUDIT_SAMPLE, run_scenario
+
 RULES, TARGETS = 100, 10
 WARMUP = 300.0                # s of simulated time before the measured hour: windows fill, the first evaluations pass
 HOUR = 3600.0
@@ -56,14 +56,14 @@ expect: {{alert-only: {{actions: []}}}}
 
 def simulate(scenario: Path, out: Path, *extra: str) -> list[tuple[int, dict]]:
     """Run ``reflexarc simulate`` and return the audit's records with each line's size in bytes."""
-    r = subprocess.run(RX + ["simulate", str(scenario), "--out", str(out), *extra],
-                       capture_output=True, text=True, timeout=600)
+    r = run_cli("simulate", str(scenario), "--out", str(out), *extra, timeout=600)
     assert r.returncode == 0, r.stderr
     assert (out / "report.html").is_file(), r.stdout
     assert not list(out.glob("audit.jsonl.*")), "the audit rotated"
     return [(len(line), json.loads(line)) for line in (out / "audit.jsonl").read_bytes().splitlines(keepends=True)]
 
 
+@pytest.mark.slow
 def test_a_quiet_simulated_hour_at_100_rules_x_10_targets_writes_at_most_2_mb(tmp_path):
     """The simulated hour after a 5-minute warm-up writes at most 2 MB: each of the
     1,000 rule-targets once per ``--audit-sample`` (1200 s), nothing else. The tick is
@@ -81,6 +81,7 @@ def test_a_quiet_simulated_hour_at_100_rules_x_10_targets_writes_at_most_2_mb(tm
     assert {rec["state"] for _, rec in hour} == {"ok"}
 
 
+@pytest.mark.slow
 def test_all_evals_keeps_every_evaluation(tmp_path):
     """``--all-evals``: one ``eval`` per rule-target per tick; without it, the same
     quiet minute writes one per rule-target."""

@@ -14,7 +14,7 @@ import socket
 
 import pytest
 
-from reflexarc.controller.sources import ProbeSource, ReplaySource, SourceError
+from reflexarc.controller.sources.readers import ProbeSource, ReplaySource, SourceError
 
 
 class FixedProbes:

@@ -10,13 +10,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import require, require_root
+from conftest import require, require_root, run_cli
 
 from reflexarc.actuators.affinity import AffinityActuator
 from reflexarc.actuators.base import Target, TargetRefused
@@ -24,8 +23,6 @@ from reflexarc.core.procfs import ProcFS
 from reflexarc.core.targets import ProcessGuard, Refusal, pid_label
 
 pytestmark = [pytest.mark.kernel]
-
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 
 
 def by_comm(name: str) -> int:
@@ -57,8 +54,8 @@ def child_of(parent: int) -> int:
 
 
 def act(tmp_path: Path, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([*prefix, *RX, "--state-dir", str(tmp_path / "state"), "--hook-dir", str(tmp_path / "hooks"),
-                           "act", *args], capture_output=True, text=True, timeout=120)
+    return run_cli("--state-dir", str(tmp_path / "state"), "--hook-dir", str(tmp_path / "hooks"), "act", *args,
+                   prefix=prefix)
 
 
 def one_error(r: subprocess.CompletedProcess) -> str:
@@ -106,11 +103,11 @@ def test_act_refuses_a_scope_rooted_at_init_or_a_kernel_thread(tmp_path):
     assert "pid 1 (" in line and "is init" in line, line
 
 
-def test_act_refuses_the_controller_itself(tmp_path):
+def test_act_refuses_the_controller_itself(tmp_path, cli):
     require_root()
     # exec keeps the shell's pid: the controller is named by its own pid
-    r = subprocess.run(["sh", "-c", 'exec "$@" --label "pid=$$"', "sh", *RX, "--state-dir", str(tmp_path / "state"),
-                        "act", "affinity", "cpus=0", "--mode", "enforce"], capture_output=True, text=True, timeout=120)
+    r = cli("--state-dir", str(tmp_path / "state"), "act", "affinity", "cpus=0", "--mode", "enforce",
+            prefix=["sh", "-c", 'exec "$@" --label "pid=$$"', "sh"])
     line = one_error(r)
     assert re.fullmatch(r"error: affinity: plan: pid \d+ \(\S+\) is the controller itself: never a target", line), line
 

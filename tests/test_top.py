@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 
 from conftest import require_root
-from reflexarc.controller.top import TopView, read_hooks
+from reflexarc.controller.cli.top import TopView, read_hooks
 
 pytestmark = [pytest.mark.kernel]
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 
 SCRIPT = r"""
 import sys, time
@@ -103,10 +102,9 @@ def test_hook_signals_grouped_by_trainer_and_an_exited_process_disappears(hook_d
     assert {row[0]: row[1] for row in section(text, first.pid)} == SIGNALS
 
 
-def test_top_once_without_probes_prints_one_grouped_table(hook_dir, scripts):
+def test_top_once_without_probes_prints_one_grouped_table(hook_dir, scripts, cli):
     proc = scripts("llama", 0)
-    r = subprocess.run(RX + ["--hook-dir", str(hook_dir), "--proc-root", "/proc", "top", "--once", "--no-probes"],
-                       capture_output=True, text=True, timeout=120)
+    r = cli("--hook-dir", str(hook_dir), "--proc-root", "/proc", "top", "--once", "--no-probes")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].endswith("1 training process, 3 series") and lines[1] == "job llama"
@@ -114,9 +112,8 @@ def test_top_once_without_probes_prints_one_grouped_table(hook_dir, scripts):
     assert {row[0]: row[1] for row in section(r.stdout, proc.pid)} == SIGNALS
 
 
-def test_top_without_probes_needs_the_hook_directory(tmp_path):
-    r = subprocess.run(RX + ["--hook-dir", str(tmp_path / "none"), "top", "--once", "--no-probes"],
-                       capture_output=True, text=True, timeout=120)
+def test_top_without_probes_needs_the_hook_directory(tmp_path, cli):
+    r = cli("--hook-dir", str(tmp_path / "none"), "top", "--once", "--no-probes")
     assert r.returncode != 0 and "nothing to show without the hook directory" in r.stderr
 
 

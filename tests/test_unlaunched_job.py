@@ -25,7 +25,6 @@ import pytest
 
 pytestmark = [pytest.mark.kernel]
 
-RX = str(Path(sys.executable).parent / "reflexarc")
 WORKLOAD = ROOT / "tests" / "workloads" / "sleepy_trainer.py"
 POLICY = "dataloader-starvation"
 RUN_S = 25                  # the controller's run: the rule's 10 s window filled twice
@@ -67,7 +66,7 @@ def records(state: Path) -> list[dict]:
     return [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
 
 
-def test_a_job_started_by_no_launcher_gets_a_target_of_its_own(tmp_path):
+def test_a_job_started_by_no_launcher_gets_a_target_of_its_own(tmp_path, cli):
     require_bpf()
     require(from_cgroups(ProcFS().cgroups(os.getpid())) is None,
             "a test process outside kubelet and Slurm cgroups (its children would be a pod's or a step's)")
@@ -75,9 +74,9 @@ def test_a_job_started_by_no_launcher_gets_a_target_of_its_own(tmp_path):
     try:
         pid = wait_until("the trainer's first step", lambda: stepping(list(lines)), timeout=180)
         state = tmp_path / "state"
-        run = subprocess.run([RX, "--state-dir", str(state), "--hook-dir", str(tmp_path / "hooks"), "run",
-                              "--duration", str(RUN_S)], capture_output=True, text=True, timeout=300)
-        table = subprocess.run([RX, "jobs"], capture_output=True, text=True, timeout=120)
+        run = cli("--state-dir", str(state), "--hook-dir", str(tmp_path / "hooks"), "run", "--duration", str(RUN_S),
+                  timeout=300)
+        table = cli("jobs")
         assert trainer.poll() is None, "the trainer ran through the controller's run"
     finally:
         stop(trainer)

@@ -1,32 +1,20 @@
-"""Located findings about policy files, in the ``file:line:col: severity: message``
-form compilers use, so editors and CI annotate the exact key or value at fault.
+"""Policy files that do not validate: ``PolicyError`` carries every finding, each
+a ``Diagnostic`` (``reflexarc.core.diagnostics``: ``file:line:col: severity: message``),
+so editors and CI annotate the exact key or value at fault.
 
 Example::
 
     d = Diagnostic("policies/numa.yaml", 12, 9, "error", "unknown key 'clearfor'; did you mean 'clear_for'?")
-    str(d)   # 'policies/numa.yaml:12:9: error: unknown key ...'
-    raise PolicyError([d])
+    raise PolicyError([d])     # "1 error(s) in policy files:\npolicies/numa.yaml:12:9: error: unknown key ..."
+    errors([d])                # [d]
 
 Overhead: plain dataclasses.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from reflexarc.core.diagnostics import Diagnostic
 
-@dataclass(frozen=True, order=True)
-class Diagnostic:
-    file: str
-    line: int       # 1-based
-    col: int        # 1-based
-    severity: str   # "error" | "warning"
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}: {self.severity}: {self.message}"
-
-    @property
-    def is_error(self) -> bool:
-        return self.severity == "error"
+__all__ = ["PolicyError", "errors"]
 
 
 class PolicyError(Exception):

@@ -1,6 +1,7 @@
 """Loads YAML policy files into the policy model, reporting every mistake with its place.
 
-The loader walks the tree from ``yaml.compose`` (SafeLoader) rather than plain
+The loader walks the nodes of the one YAML reader (``reflexarc.core.yaml_reader``:
+depth-limited SafeLoader, duplicate keys, typed scalars) rather than plain
 data, so every node keeps its line and column: each diagnostic points at the key
 or value at fault, and all of a file's problems come out in one pass. Keys come
 from ``schema.SECTIONS``, signals from the signal catalogue, actuator parameters
@@ -30,27 +31,29 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
-import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from reflexarc.actuators.specs import REPLACED_PARAMS, SPECS, VALUE_CHECKS, netns_ref
+from reflexarc.actuators.specs import SPECS, netns_ref
 from reflexarc.core.devices import KINDS as DEVICE_KINDS
+from reflexarc.core.diagnostics import Diagnostic
 from reflexarc.core.dscp import DSCP_NAMES, MAX_DSCP
-from reflexarc.core.durations import DurationError, parse_duration
 from reflexarc.core.params import MAX_CPUS, ActuatorSpec, ParamError, ParamSpec, convert
-from reflexarc.core.ports import EXAMPLE as PORT_EXAMPLE, port_range
+from reflexarc.core.ports import EXAMPLE as PORT_EXAMPLE
+from reflexarc.core.ports import port_range
 from reflexarc.core.procfs import TASK_COMM_LEN
 from reflexarc.core.rates import RateError, parse_rate
 from reflexarc.core.signals import LABEL_VALUES
+from reflexarc.core.yaml_reader import MAX_INT, MAX_INT_TEXT, YamlReader, position
+from reflexarc.core.yaml_reader import kind as _kind
+from reflexarc.core.yaml_reader import shown as _shown
+from reflexarc.core.yaml_reader import tag as _tag
 
-from ..input_files import InputFileError, open_regular
-from ..producers import PROMQL, REQUIREMENTS
-from ..signals import CATALOGUE, SignalSpec, suggest
-from .diagnostics import Diagnostic, PolicyError, errors
+from ..signals.catalogue import CATALOGUE, SignalSpec, suggest
+from ..signals.producers import PROMQL, REQUIREMENTS
+from .diagnostics import PolicyError, errors
 from .model import (AGGREGATIONS, ALERTS_AT_STOP, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS, Action, Combo,
                     Condition, Loc, Policy, RateLimit, Rollback, Rule, Selector, Verify)
-from .schema import (EXCLUSIVE_PARAMS, IFNAMSIZ, NAME_PATTERN, PERCENTILES, RELATIVE_THRESHOLD_PATTERN,
-                     SECTIONS, TIME_THRESHOLD_PATTERN)
+from .schema import IFNAMSIZ, NAME_PATTERN, PERCENTILES, RELATIVE_THRESHOLD_PATTERN, SECTIONS, TIME_THRESHOLD_PATTERN
 
 __all__ = ["Diagnostic", "PolicyError", "load_policies", "validate_paths"]
 
@@ -59,24 +62,12 @@ log = logging.getLogger("reflexarc.controller.policy")
 POLICY_SUFFIXES = (".yaml", ".yml")
 MAX_FILE_BYTES = 1 << 20
 MAX_NESTING = 8          # all/any levels in one condition
-MAX_YAML_DEPTH = 64      # collections inside collections; stops pathological input early
 # Numeric ranges: a number out of range is an error at the number.
-MAX_INT = (1 << 63) - 1  # integers fit in 64 bits
-MAX_NUMA_NODES = 1 << 10  # the kernel's MAX_NUMNODES at its largest (NODES_SHIFT 10)
 MAX_PID = 1 << 22        # the kernel's PID_MAX_LIMIT (64-bit)
-MAX_INT_TEXT = 200       # characters: longer integers are out of range before Python reads them
-INT_PARAM_RANGES = {("affinity", "node"): (0, MAX_NUMA_NODES - 1)}
-INT_LIST_ITEM_RANGES = {("affinity", "cpus"): (0, MAX_CPUS - 1), ("affinity", "reserved_cpus"): (0, MAX_CPUS - 1)}
-# Actuator parameters that default to a selector field: one of the two must be set.
-FROM_SELECTOR = {("dscp", "interfaces"): "interfaces"}
 _NAME_RE = re.compile(NAME_PATTERN)
 _RELATIVE_RE = re.compile(RELATIVE_THRESHOLD_PATTERN)
 _TIME_RE = re.compile(TIME_THRESHOLD_PATTERN)
 TIME_UNITS_US = {"us": 1, "ms": 1000, "s": 10**6, "m": 60 * 10**6, "h": 3600 * 10**6}   # microseconds in each
-_YAML_TAG = "tag:yaml.org,2002:"
-_KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean", "null": "null",
-          "timestamp": "a date", "binary": "binary data", "set": "a set", "omap": "an ordered map",
-          "pairs": "a list of pairs"}
 
 
 def load_policies(paths: list[str]) -> list[Policy]:
@@ -103,7 +94,7 @@ def validate_paths(paths: list[str]) -> tuple[list[Policy], list[Diagnostic]]:
     for name, path in _policy_files(paths, diagnostics):
         reader = _FileReader(name, names)
         try:
-            policies.extend(reader.read(path))
+            policies.extend(reader.read_policies(path))
         except RecursionError:
             reader.at(1, 1, "error", "nesting too deep to check")
         except Exception as exc:  # a checker bug must still come out as a located finding
@@ -148,91 +139,26 @@ def _os_reason(exc: Exception) -> str:
     return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
-def _kind(node: Node) -> str:
-    if isinstance(node, MappingNode):
-        return "a mapping"
-    if isinstance(node, SequenceNode):
-        return "a list"
-    if not node.tag.startswith(_YAML_TAG):
-        return f"a value tagged '{node.tag}' (YAML reads a leading '!' as a tag: quote the text)"
-    kind = _KINDS.get(node.tag[len(_YAML_TAG):], node.tag)
-    text = node.value if len(node.value) <= 40 else node.value[:37] + "..."
-    if kind == "null":
-        return kind
-    return f"{kind} '{text}'" if kind == "a string" else f"{kind} ({text})"
-
-
-def _tag(node: Node) -> str:
-    """Short scalar tag (str, int, float, bool, null, ...), or '' for collections and custom tags."""
-    if isinstance(node, ScalarNode) and node.tag.startswith(_YAML_TAG):
-        return node.tag[len(_YAML_TAG):]
-    return ""
-
-
 def _hint(word: str, choices) -> str:
     choices = list(choices)
     match = suggest(word, choices)
     return f"; did you mean '{match}'?" if match else f"; expected one of: {', '.join(choices)}"
 
 
-def _shown(node: ScalarNode) -> str:
-    """A scalar as written, shortened for a message."""
-    return node.value if len(node.value) <= 40 else f"{node.value[:24]}... ({len(node.value)} characters)"
-
-
-def _position(text: str | bytes, index: int) -> tuple[int, int]:
-    newline = "\n" if isinstance(text, str) else b"\n"
-    before = text[:index]
-    return before.count(newline) + 1, index - (before.rfind(newline) + 1) + 1
-
-
-class _DepthLimitedLoader(yaml.SafeLoader):
-    """SafeLoader that refuses deeper nesting than ``MAX_YAML_DEPTH``, before the
-    scanner's cost (quadratic in flow depth) and the composer's recursion add up."""
-
-    _depth = 0
-
-    def compose_node(self, parent, index):
-        self._depth += 1
-        try:
-            if self._depth > MAX_YAML_DEPTH:
-                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep",
-                                                  self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-class _FileReader:
+class _FileReader(YamlReader):
     """Checks one file; collects diagnostics and the policies that had no error."""
 
     def __init__(self, file: str, policy_names: dict[str, Loc]) -> None:
-        self.file = file
-        self.diagnostics: list[Diagnostic] = []
+        super().__init__(file)
         self._policy_names = policy_names          # shared across files, for uniqueness
-        self._constructor = yaml.SafeLoader("")
-
-    # ---- reporting -------------------------------------------------------------------------
-
-    def at(self, line: int, col: int, severity: str, message: str) -> None:
-        self.diagnostics.append(Diagnostic(self.file, line, col, severity, message))
-
-    def error(self, node: Node, message: str) -> None:
-        self.at(node.start_mark.line + 1, node.start_mark.column + 1, "error", message)
-
-    def warn(self, node: Node, message: str) -> None:
-        self.at(node.start_mark.line + 1, node.start_mark.column + 1, "warning", message)
 
     def loc(self, node: Node) -> Loc:
-        return Loc(self.file, node.start_mark.line + 1, node.start_mark.column + 1)
-
-    def _error_count(self) -> int:
-        return len(errors(self.diagnostics))
+        return Loc(self.file, *position(node))
 
     # ---- file ------------------------------------------------------------------------------
 
-    def read(self, path: Path) -> list[Policy]:
-        root = self._compose(path)
+    def read_policies(self, path: Path) -> list[Policy]:
+        root = self.read(path, MAX_FILE_BYTES, empty="empty file: expected 'policies:' with a list of policies")
         if root is None:
             return []
         if not isinstance(root, MappingNode):
@@ -242,110 +168,23 @@ class _FileReader:
         if fields is None or "policies" not in fields:
             return []
         key, items = fields["policies"]
-        nodes = self._seq(items, "'policies'")
+        nodes = self.sequence(items, "'policies'")
         if nodes is not None and not nodes:
             self.warn(key, "no policies in this file")
         policies = []
         for node in nodes or ():
-            before = self._error_count()
+            before = self.error_count()
             policy = self._policy(node)
-            if policy is not None and self._error_count() == before:
+            if policy is not None and self.error_count() == before:
                 policies.append(policy)
         return policies
 
-    def _compose(self, path: Path) -> Node | None:
-        try:
-            if not path.is_file():
-                self.at(1, 1, "error", "not a regular file")
-                return None
-            with open_regular(path) as fh:           # O_NONBLOCK: no read can wait
-                data = fh.read(MAX_FILE_BYTES + 1)
-        except InputFileError as exc:
-            self.at(1, 1, "error", exc.reason)
-            return None
-        except OSError as exc:
-            self.at(1, 1, "error", f"cannot read: {_os_reason(exc)}")
-            return None
-        if len(data) > MAX_FILE_BYTES:
-            self.at(1, 1, "error", f"file is larger than {MAX_FILE_BYTES} bytes; not a policy file")
-            return None
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as exc:
-            line, col = _position(data, exc.start)
-            self.at(line, col, "error", f"not UTF-8 text: byte 0x{data[exc.start]:02x} cannot be decoded")
-            return None
-        try:
-            root = yaml.compose(text, Loader=_DepthLimitedLoader)
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            context = ""
-            if exc.context and exc.context_mark is not None:
-                context = f" ({exc.context} at {exc.context_mark.line + 1}:{exc.context_mark.column + 1})"
-            elif exc.context:
-                context = f" ({exc.context})"
-            line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-            self.at(line, col, "error", f"YAML syntax error: {exc.problem or exc.context}{context}")
-            return None
-        except yaml.reader.ReaderError as exc:
-            line, col = _position(text, exc.position)
-            self.at(line, col, "error", f"unreadable character #x{exc.character:04x}: {exc.reason}")
-            return None
-        except yaml.YAMLError as exc:
-            self.at(1, 1, "error", f"YAML error: {exc}")
-            return None
-        if root is None:
-            self.at(1, 1, "error", "empty file: expected 'policies:' with a list of policies")
-        return root
-
     # ---- generic node readers --------------------------------------------------------------
-
-    def _flatten(self, node: MappingNode) -> bool:
-        """Resolve YAML merge keys (``<<: *anchor``) in place."""
-        try:
-            self._constructor.flatten_mapping(node)
-            return True
-        except yaml.MarkedYAMLError as exc:
-            self.error(node, f"bad merge key: {exc.problem}")
-            return False
-        except RecursionError:
-            self.error(node, "merge key refers to the mapping it is in")
-            return False
-
-    def _plain(self, node: Node, cls: type, what: str, expected: str) -> bool:
-        """Is ``node`` a collection of type ``cls`` without a YAML tag of its own?"""
-        if not isinstance(node, cls):
-            self.error(node, f"{what} must be {expected}, got {_kind(node)}")
-            return False
-        if node.tag not in (_YAML_TAG + "map", _YAML_TAG + "seq"):
-            self.error(node, f"{what} must be a plain {expected[2:]}; YAML tag '{node.tag}' is not allowed here")
-            return False
-        return True
-
-    def _entries(self, node: Node, what: str) -> list[tuple[str, Node, Node]] | None:
-        """(key, key node, value node) of a plain mapping, merge keys resolved (the
-        mapping's own keys override merged ones); reports bad and duplicate keys."""
-        if not self._plain(node, MappingNode, what, "a mapping"):
-            return None
-        own = {id(key_node) for key_node, _ in node.value}
-        if not self._flatten(node):
-            return None
-        entries: dict[str, tuple[Node, Node]] = {}
-        for key_node, value_node in node.value:
-            key = self._key(key_node)
-            if key is None:
-                continue
-            previous = entries.get(key)
-            if previous is not None and id(previous[0]) in own:
-                self.error(key_node, f"duplicate key '{key}' (first at line {previous[0].start_mark.line + 1})")
-                continue
-            entries[key] = (key_node, value_node)
-        return [(key, key_node, value_node) for key, (key_node, value_node) in entries.items()]
 
     def _mapping(self, node: Node, section: str, what: str) -> dict[str, tuple[Node, Node]] | None:
         """Known keys of a mapping node -> (key node, value node); reports unknown,
         duplicate and missing keys."""
-        entries = self._entries(node, what)
+        entries = self.entries(node, what)
         if entries is None:
             return None
         spec = SECTIONS[section]
@@ -361,109 +200,6 @@ class _FileReader:
                 self.error(node, f"{what} is missing required key '{key}'")
         return out
 
-    def _key(self, node: Node) -> str | None:
-        if not isinstance(node, ScalarNode) or _tag(node) == "null" or not node.value:
-            self.error(node, f"keys must be names, got {_kind(node)}")
-            return None
-        return node.value
-
-    def _seq(self, node: Node, what: str) -> list[Node] | None:
-        if not self._plain(node, SequenceNode, what, "a list"):
-            return None
-        return list(node.value)
-
-    def _construct(self, node: Node):
-        try:
-            return self._constructor.construct_object(node, deep=True)
-        except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
-            self._constructor.recursive_objects.clear()
-            reason = exc.problem if isinstance(exc, yaml.MarkedYAMLError) else str(exc)
-            self.error(node, f"cannot read this value: {reason}")
-            return None
-
-    def _str(self, node: Node, what: str) -> str | None:
-        if _tag(node) != "str":
-            self.error(node, f"{what} must be a string, got {_kind(node)}")
-            return None
-        return node.value
-
-    def _text(self, node: Node, what: str) -> str | None:
-        """A string, or a number taken as written (labels, string parameters)."""
-        if _tag(node) not in ("str", "int", "float"):
-            self.error(node, f"{what} must be a string or number, got {_kind(node)}")
-            return None
-        return node.value
-
-    def _int(self, node: Node, what: str, minimum: int | None = None, maximum: int = MAX_INT) -> int | None:
-        if _tag(node) != "int":
-            self.error(node, f"{what} must be an integer, got {_kind(node)}")
-            return None
-        lowest = -MAX_INT - 1 if minimum is None else minimum
-        if len(node.value) > MAX_INT_TEXT:
-            self.error(node, f"{what} is out of range ({lowest}..{maximum}), got {_shown(node)}")
-            return None
-        value = self._construct(node)
-        if value is None:
-            return None
-        if minimum is not None and value < minimum:
-            self.error(node, f"{what} must be >= {minimum}, got {_shown(node)}")
-            return None
-        if not lowest <= value <= maximum:
-            self.error(node, f"{what} is out of range ({lowest}..{maximum}), got {_shown(node)}")
-            return None
-        return value
-
-    def _number(self, node: Node, what: str) -> float | None:
-        if _tag(node) not in ("int", "float"):
-            self.error(node, f"{what} must be a number, got {_kind(node)}")
-            return None
-        out_of_range = f"{what} is out of range: {_shown(node)} (numbers stay below 1.8e308)"
-        if _tag(node) == "int" and len(node.value) > MAX_INT_TEXT:
-            self.error(node, out_of_range)
-            return None
-        value = self._construct(node)
-        if value is None:
-            return None
-        try:
-            value = float(value)
-        except OverflowError:                 # an integer beyond any float
-            self.error(node, out_of_range)
-            return None
-        if not math.isfinite(value):
-            self.error(node, f"{what} must be a finite number, got {_shown(node)}")
-            return None
-        return value
-
-    def _bool(self, node: Node, what: str) -> bool | None:
-        if _tag(node) != "bool":
-            self.error(node, f"{what} must be true or false, got {_kind(node)}")
-            return None
-        return self._construct(node)
-
-    def _duration(self, node: Node, what: str, positive: bool) -> float | None:
-        tag = _tag(node)
-        if tag not in ("str", "int", "float"):
-            self.error(node, f"{what} must be a duration such as '30s', got {_kind(node)}")
-            return None
-        if tag == "int" and len(node.value) > MAX_INT_TEXT:
-            self.error(node, f"{what}: duration {_shown(node)} is out of range")
-            return None
-        value = node.value if tag == "str" else self._construct(node)
-        if value is None:
-            return None
-        try:
-            seconds = parse_duration(value)
-        except DurationError as exc:
-            self.error(node, f"{what}: {exc}")
-            return None
-        except OverflowError:                 # an integer beyond any float
-            self.error(node, f"{what}: duration {_shown(node)} is out of range")
-            return None
-        if positive and seconds == 0:
-            self.error(node, f"{what} must be greater than 0, got {node.value}")
-            return None
-        return seconds
-
     def _choice(self, node: Node, what: str, choices, hint: str = "") -> str | None:
         if _tag(node) != "str":
             self.error(node, f"{what} must be one of {', '.join(choices)}, got {_kind(node)}{hint}")
@@ -474,7 +210,7 @@ class _FileReader:
         return node.value
 
     def _name(self, node: Node, what: str) -> str | None:
-        name = self._str(node, f"{what} name")
+        name = self.string(node, f"{what} name")
         if name is not None and not _NAME_RE.match(name):
             self.error(node, f"{what} name '{name}' must match {NAME_PATTERN} (lower-case letters, digits, '-')")
             return None
@@ -482,15 +218,15 @@ class _FileReader:
 
     def _str_list(self, node: Node, what: str) -> list[tuple[str, Node]]:
         out = []
-        for item in self._seq(node, what) or ():
-            text = self._text(item, f"item of {what}")
+        for item in self.sequence(node, what) or ():
+            text = self.text(item, f"item of {what}")
             if text is not None:
                 out.append((text, item))
         return out
 
     def _ports(self, node: Node, what: str) -> list[tuple[int, int]]:
         out = []
-        for item in self._seq(node, what) or ():
+        for item in self.sequence(node, what) or ():
             rng = self._port_range(item, what)
             if rng is not None:
                 out.append(rng)
@@ -501,7 +237,7 @@ class _FileReader:
         if tag not in ("int", "str"):
             self.error(node, f"{what}: bad port, got {_kind(node)}; {PORT_EXAMPLE}")
             return None
-        value = self._int(node, what) if tag == "int" else node.value
+        value = self.integer(node, what) if tag == "int" else node.value
         if value is None:
             return None
         try:
@@ -515,7 +251,7 @@ class _FileReader:
         """Label matchers: label -> (matcher text, key node). ``labels`` limits the
         label names (None: any)."""
         out = {}
-        for label, key_node, value_node in self._entries(node, what) or ():
+        for label, key_node, value_node in self.entries(node, what) or ():
             if labels is not None and label not in labels:
                 self.error(key_node, f"{owner} has no label '{label}'{_hint(label, labels)}")
                 continue
@@ -554,7 +290,7 @@ class _FileReader:
                 self._policy_names[name] = self.loc(fields["name"][1])
         policy = Policy(name=name, rules=[], loc=self.loc(node))
         if "description" in fields:
-            policy.description = self._str(fields["description"][1], "'description'")
+            policy.description = self.string(fields["description"][1], "'description'")
         if "mode" in fields:
             policy.mode = self._choice(fields["mode"][1], "'mode'", MODES)
         selector_match: dict[str, tuple[str, Node]] = {}
@@ -569,7 +305,7 @@ class _FileReader:
             policy.requires = tuple(dict.fromkeys(kind for kind, _ in kinds if kind in REQUIREMENTS))
         if "rules" in fields:
             value = fields["rules"][1]
-            rule_nodes = self._seq(value, "'rules'")
+            rule_nodes = self.sequence(value, "'rules'")
             if rule_nodes is not None and not rule_nodes:
                 self.error(value, f"{what} has no rules; 'rules' needs at least one")
             rule_names: dict[str, Node] = {}
@@ -597,11 +333,11 @@ class _FileReader:
                                     f"truncates comm names, so it never matches; use '{comm[:TASK_COMM_LEN - 1]}'")
             selector.processes = tuple(comm for comm, _ in processes)
         if "pids" in fields:
-            pids = [self._int(item, "item of 'pids'", minimum=1, maximum=MAX_PID)
-                    for item in self._seq(fields["pids"][1], "'pids'") or ()]
+            pids = [self.integer(item, "item of 'pids'", minimum=1, maximum=MAX_PID)
+                    for item in self.sequence(fields["pids"][1], "'pids'") or ()]
             selector.pids = tuple(pid for pid in pids if pid is not None)
         if "cgroup" in fields:
-            cgroup = self._str(fields["cgroup"][1], "'cgroup'")
+            cgroup = self.string(fields["cgroup"][1], "'cgroup'")
             if cgroup is not None and not cgroup.startswith("/"):
                 self.error(fields["cgroup"][1], f"'cgroup' must be an absolute path, got '{cgroup}'")
             selector.cgroup = cgroup
@@ -612,18 +348,18 @@ class _FileReader:
             selector.interfaces = tuple(iface for iface, _ in interfaces)
         if "netns" in fields:
             node = fields["netns"][1]
-            netns = self._text(node, "'netns'")
+            netns = self.text(node, "'netns'")
             try:
                 selector.netns = netns_ref(netns) if netns is not None else ""
             except ValueError as exc:
                 self.error(node, f"'netns': {exc}")
         if "link_speeds" in fields:
-            for iface, key_node, value_node in self._entries(fields["link_speeds"][1], "'link_speeds'") or ():
+            for iface, key_node, value_node in self.entries(fields["link_speeds"][1], "'link_speeds'") or ():
                 self._check_interface(iface, key_node)
                 if _tag(value_node) == "int" and len(value_node.value) > MAX_INT_TEXT:
                     self.error(value_node, f"speed of '{iface}' is out of range: {_shown(value_node)}")
                     continue
-                value = self._construct(value_node) if _tag(value_node) in ("str", "int", "float") else None
+                value = self.value(value_node) if _tag(value_node) in ("str", "int", "float") else None
                 try:
                     selector.link_speeds[iface] = parse_rate(value)
                 except RateError as exc:
@@ -670,9 +406,9 @@ class _FileReader:
             rule.when = self._when(fields["when"][1], selector_labels, 0)
         for key, attr in (("for", "for_"), ("clear_for", "clear_for"), ("cooldown", "cooldown")):
             if key in fields:
-                setattr(rule, attr, self._duration(fields[key][1], f"'{key}'", positive=False))
+                setattr(rule, attr, self.duration(fields[key][1], f"'{key}'", positive=False))
         if "escalate" in fields:
-            rule.escalate = self._bool(fields["escalate"][1], "'escalate'")
+            rule.escalate = self.boolean(fields["escalate"][1], "'escalate'")
         if "verify" in fields:
             rule.verify = self._verify(fields["verify"][1], selector_labels)
         if "max_actions" in fields:
@@ -725,9 +461,9 @@ class _FileReader:
             return None
         limit = RateLimit(count=None, window=None, loc=self.loc(node))
         if "count" in fields:
-            limit.count = self._int(fields["count"][1], "'count'", minimum=1)
+            limit.count = self.integer(fields["count"][1], "'count'", minimum=1)
         if "window" in fields:
-            limit.window = self._duration(fields["window"][1], "'window'", positive=True)
+            limit.window = self.duration(fields["window"][1], "'window'", positive=True)
         return limit
 
     # ---- conditions ------------------------------------------------------------------------
@@ -739,7 +475,7 @@ class _FileReader:
         if isinstance(node, SequenceNode):
             self.error(node, "a list of conditions must say how they combine: all: [...] or any: [...]")
             return None
-        if isinstance(node, MappingNode) and self._flatten(node):
+        if isinstance(node, MappingNode) and self.flatten(node):
             keys = {k.value for k, _ in node.value if isinstance(k, ScalarNode)}
             if keys & {"all", "any"}:
                 return self._combo(node, selector_labels, depth)
@@ -754,7 +490,7 @@ class _FileReader:
             return None
         kind, (_, value) = next(iter(fields.items()))
         combo = Combo(kind=kind, items=[], loc=self.loc(node))
-        items = self._seq(value, f"'{kind}'")
+        items = self.sequence(value, f"'{kind}'")
         if items is not None and not items:
             self.error(value, f"'{kind}' needs at least one condition")
         for item in items or ():
@@ -768,7 +504,7 @@ class _FileReader:
         cond = Condition(signal=None, agg=None, window=None, op=None, threshold=None, loc=self.loc(node))
         spec: SignalSpec | None = None
         if "signal" in fields:
-            cond.signal = self._str(fields["signal"][1], "'signal'")
+            cond.signal = self.string(fields["signal"][1], "'signal'")
             if cond.signal is not None and cond.signal not in CATALOGUE:
                 self.error(fields["signal"][1], f"unknown signal '{cond.signal}'{_hint(cond.signal, CATALOGUE)}")
             spec = CATALOGUE.get(cond.signal)
@@ -779,14 +515,14 @@ class _FileReader:
         if "agg" in fields:
             cond.agg = self._choice(fields["agg"][1], "'agg'", AGGREGATIONS)
         if "window" in fields:
-            cond.window = self._duration(fields["window"][1], "'window'", positive=True)
+            cond.window = self.duration(fields["window"][1], "'window'", positive=True)
         if "op" in fields:
             cond.op = self._choice(fields["op"][1], "'op'", OPERATORS, hint=" (quote operators: op: \">\")")
         if "threshold" in fields:
             self._threshold(fields["threshold"][1], cond, spec)
         if "baseline" in fields:
             key, value = fields["baseline"]
-            cond.baseline_window = self._duration(value, "'baseline'", positive=True)
+            cond.baseline_window = self.duration(value, "'baseline'", positive=True)
             if not cond.relative and cond.threshold is not None:
                 self.warn(key, "'baseline' only matters for a relative threshold such as '3x baseline'")
         if spec is not None:
@@ -798,7 +534,7 @@ class _FileReader:
                   "(e.g. '3x baseline')"
         tag = _tag(node)
         if tag in ("int", "float"):
-            cond.threshold = self._number(node, "'threshold'")
+            cond.threshold = self.number(node, "'threshold'")
             return
         timed = _TIME_RE.match(node.value) if tag == "str" else None
         if timed is not None:
@@ -852,13 +588,13 @@ class _FileReader:
         if "when" in fields:
             verify.when = self._when(fields["when"][1], selector_labels, 0)
         if "timeout" in fields:
-            verify.timeout = self._duration(fields["timeout"][1], "'timeout'", positive=True)
+            verify.timeout = self.duration(fields["timeout"][1], "'timeout'", positive=True)
         return verify
 
     # ---- actions ---------------------------------------------------------------------------
 
     def _actions(self, node: Node, what: str, selector: Selector) -> list[Action]:
-        items = self._seq(node, "'actions'")
+        items = self.sequence(node, "'actions'")
         if items is not None and not items:
             self.error(node, f"{what} has no actions; 'actions' needs at least one")
         actions = []
@@ -876,7 +612,7 @@ class _FileReader:
         if "actuator" not in fields:
             return action
         name_node = fields["actuator"][1]
-        action.actuator = self._str(name_node, "'actuator'")
+        action.actuator = self.string(name_node, "'actuator'")
         spec = SPECS.get(action.actuator)
         if action.actuator is not None and spec is None:
             self.error(name_node, f"unknown actuator '{action.actuator}'{_hint(action.actuator, SPECS)}")
@@ -884,19 +620,20 @@ class _FileReader:
             return action
         params_node = fields["params"][1] if "params" in fields else None
         action.params = self._params(spec, params_node, node)
-        for (actuator, param), field in FROM_SELECTOR.items():
-            if spec.name == actuator and param not in action.params and not getattr(selector, field):
-                self.error(name_node, f"'{spec.name}' needs {param}: set params.{param} or the policy's "
+        for param in spec.params:       # required, but the selector may give it
+            field = param.from_selector
+            if param.required and field and param.name not in action.params and not getattr(selector, field):
+                self.error(name_node, f"'{spec.name}' needs {param.name}: set params.{param.name} or the policy's "
                                       f"selector.{field}")
         return action
 
     def _params(self, spec: ActuatorSpec, node: Node | None, action_node: Node) -> dict:
         out: dict = {}
         present: dict[str, Node] = {}
-        for name, key_node, value_node in (self._entries(node, "'params'") or ()) if node is not None else ():
+        for name, key_node, value_node in (self.entries(node, "'params'") or ()) if node is not None else ():
             param = spec.param(name)
             if param is None:
-                replaced = REPLACED_PARAMS.get((spec.name, name))
+                replaced = spec.replacement(name)
                 names = [p.name for p in spec.params]
                 self.error(key_node, f"actuator '{spec.name}' has no parameter '{name}'"
                                      + (f" any more; {replaced}" if replaced else _hint(name, names)))
@@ -906,20 +643,24 @@ class _FileReader:
             if value is not None:
                 out[name] = value
         for param in spec.params:
-            if param.required and param.name not in present:
+            if param.required and not param.from_selector and param.name not in present:
                 self.error(node if node is not None else action_node,
                            f"actuator '{spec.name}' needs parameter '{param.name}' ({param.help or param.type})")
-        exclusive = [name for name in EXCLUSIVE_PARAMS.get(spec.name, ()) if name in present]
-        for name in exclusive[1:]:
-            self.error(present[name], f"'{name}' and '{exclusive[0]}' are alternatives for '{spec.name}'; "
-                                      f"give only one of {', '.join(EXCLUSIVE_PARAMS[spec.name])}")
+        for group in spec.one_of:
+            given = [name for name in group if name in present]
+            for name in given[1:]:
+                self.error(present[name], f"'{name}' and '{given[0]}' are alternatives for '{spec.name}'; "
+                                          f"give only one of {', '.join(group)}")
+            if not given:
+                self.error(node if node is not None else action_node,
+                           f"actuator '{spec.name}' needs one of {', '.join(group)}")
         return out
 
     def _param(self, spec: ActuatorSpec, param: ParamSpec, node: Node):
         """The parameter's value in canonical form (``reflexarc.core.params``);
         the node must be of the YAML kind the schema allows for the type."""
         what = f"parameter '{param.name}' of '{spec.name}'"
-        value = self._param_value(spec, param, node, what)
+        value = self._param_value(param, node, what)
         if value is None:
             return None
         try:
@@ -928,25 +669,20 @@ class _FileReader:
             match = suggest(str(value), map(str, param.choices)) if param.choices else None
             self.error(node, f"{what}: {exc}" + (f"; did you mean '{match}'?" if match else ""))
             return None
-        check = VALUE_CHECKS.get((spec.name, param.name))
-        try:
-            return check(value) if check else value
-        except ValueError as exc:
-            self.error(node, f"{what}: {exc}")
-            return None
+        return value
 
-    def _param_value(self, spec: ActuatorSpec, param: ParamSpec, node: Node, what: str):
+    def _param_value(self, param: ParamSpec, node: Node, what: str):
         kind = param.type
         if kind == "str":
-            return self._text(node, what)
+            return self.text(node, what)
         if kind == "int":
-            return self._int(node, what, *INT_PARAM_RANGES.get((spec.name, param.name), (None, MAX_INT)))
+            return self.integer(node, what, *(param.range or (None, MAX_INT)))
         if kind == "float":
-            return self._number(node, what)
+            return self.number(node, what)
         if kind == "bool":
-            return self._bool(node, what)
+            return self.boolean(node, what)
         if kind == "duration":
-            return self._duration(node, what, positive=True)
+            return self.duration(node, what, positive=True)
         if kind == "dscp":
             return self._dscp(node, what)
         if kind == "int_list":     # a list of CPUs, or text in the kernel's notation ("0-3,8") for convert
@@ -955,8 +691,7 @@ class _FileReader:
             if not isinstance(node, SequenceNode):
                 self.error(node, f"{what} must be a list of CPUs or a CPU list such as '0-3,8', got {_kind(node)}")
                 return None
-            bounds = INT_LIST_ITEM_RANGES.get((spec.name, param.name), (None, MAX_INT))
-            items = [self._int(item, f"item of {what}", *bounds) for item in self._seq(node, what) or ()]
+            items = [self.integer(item, f"item of {what}", 0, MAX_CPUS - 1) for item in self.sequence(node, what) or ()]
             return None if None in items else items
         if kind == "str_list":
             return [text for text, _ in self._str_list(node, what)]
@@ -972,7 +707,7 @@ class _FileReader:
         ``DSCP_NAMES``, or an integer 0-``MAX_DSCP``."""
         tag = _tag(node)
         if tag == "int":
-            return self._int(node, what, 0, MAX_DSCP)
+            return self.integer(node, what, 0, MAX_DSCP)
         if tag == "str" and node.value in DSCP_NAMES:
             return node.value
         shown = f"'{node.value}'" if tag == "str" else _kind(node)
@@ -983,12 +718,12 @@ class _FileReader:
 
     def _free_mapping(self, node: Node, what: str) -> dict | None:
         """A mapping of free-form values (handler arguments, alert labels), keys as written."""
-        before = self._error_count()
-        entries = self._entries(node, what)
+        before = self.error_count()
+        entries = self.entries(node, what)
         if entries is None:
             return None
-        value = {key: self._construct(value_node) for key, _, value_node in entries}
-        return value if self._error_count() == before else None
+        value = {key: self.value(value_node) for key, _, value_node in entries}
+        return value if self.error_count() == before else None
 
     # ---- rollback --------------------------------------------------------------------------
 
@@ -1005,7 +740,7 @@ class _FileReader:
         if "alerts" in fields:
             rollback.alerts = self._choice(fields["alerts"][1], "'alerts'", ALERTS_AT_STOP) or rollback.alerts
         if "never" in fields:
-            rollback.never = self._bool(fields["never"][1], "'never'")
+            rollback.never = self.boolean(fields["never"][1], "'never'")
             if rollback.never:
                 for key, (key_node, _) in fields.items():
                     if key not in ("never", "alerts"):
@@ -1016,7 +751,7 @@ class _FileReader:
         if set(fields) == {"alerts"}:        # only what becomes of the alerts: no change to undo (_check_rule)
             return rollback, triggers
         if "on" in fields:
-            items = self._seq(fields["on"][1], "'on'")
+            items = self.sequence(fields["on"][1], "'on'")
             if items is not None and not items:
                 self.error(fields["on"][1], "'on' is empty, so nothing would undo the change; list triggers "
                                             f"({', '.join(ROLLBACK_TRIGGERS)}) or write 'rollback: never'")
@@ -1032,7 +767,7 @@ class _FileReader:
                              "or write 'rollback: never' to keep the changes")
         if "ttl" in fields:
             key, value = fields["ttl"]
-            rollback.ttl = self._duration(value, "'ttl'", positive=True)
+            rollback.ttl = self.duration(value, "'ttl'", positive=True)
             if "on" in fields and "ttl" not in triggers:
                 self.error(key, "'ttl' is set but 'ttl' is not in 'on'; add it to 'on' or remove 'ttl'")
         elif "ttl" in triggers:

@@ -16,7 +16,6 @@ Overhead: plain dataclasses.
 from __future__ import annotations
 
 import fnmatch
-
 from dataclasses import dataclass, field
 
 MODES = ("dry-run", "alert-only", "enforce")
@@ -176,3 +175,10 @@ class Policy:
     selector: Selector = field(default_factory=Selector)
     requires: tuple[str, ...] = ()   # device kinds or "promql" (producers.REQUIREMENTS) without which it is idle
     loc: Loc | None = None
+
+
+def conditions_of(expr: Condition | Combo | None) -> list[Condition]:
+    """The conditions of a ``when`` expression, in order; none for no expression."""
+    if expr is None:
+        return []
+    return expr.conditions() if isinstance(expr, Combo) else [expr]

@@ -27,16 +27,17 @@ import json
 import sys
 from dataclasses import dataclass
 
-from reflexarc.actuators.specs import ALTERNATIVE_PARAMS, NETNS_PATTERN, SPECS
-from reflexarc.controller.signals import CATALOGUE
-from reflexarc.controller.producers import REQUIREMENTS
+from reflexarc.actuators.specs import NETNS_PATTERN, SPECS
 from reflexarc.core.devices import KINDS as DEVICE_KINDS
 from reflexarc.core.dscp import DSCP_NAMES, MAX_DSCP
-from reflexarc.core.durations import DURATION_PATTERN, EXAMPLES as DURATION_EXAMPLES
-from reflexarc.core.params import ActuatorSpec, ParamSpec
+from reflexarc.core.durations import DURATION_PATTERN
+from reflexarc.core.durations import EXAMPLES as DURATION_EXAMPLES
+from reflexarc.core.params import MAX_CPUS, ActuatorSpec, ParamSpec
 from reflexarc.core.ports import MAX_PORT, PORT_RANGE_PATTERN
 from reflexarc.core.rates import PATTERN as RATE_PATTERN
 
+from ..signals.catalogue import CATALOGUE
+from ..signals.producers import REQUIREMENTS
 from .model import AGGREGATIONS, ALERTS_AT_STOP, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
@@ -46,8 +47,6 @@ CPU_LIST_PATTERN = r"^\s*(?:[0-9]+\s*(?:-\s*[0-9]+\s*)?(?:,\s*[0-9]+\s*(?:-\s*[0
 POSITIVE_DURATION_PATTERN = "^(?=.*[1-9])" + DURATION_PATTERN[1:]
 PERCENTILES = ("p50", "p90", "p99")
 IFNAMSIZ = 16           # interface names are at most IFNAMSIZ - 1 bytes
-# Parameters of one actuator that are alternatives to each other (declared in actuators.specs).
-EXCLUSIVE_PARAMS = ALTERNATIVE_PARAMS
 SYSTEM_CHANGING = tuple(name for name, spec in SPECS.items() if spec.changes_system)
 
 
@@ -191,7 +190,8 @@ def _param(param: ParamSpec) -> dict:
         "bool": {"type": "boolean"},
         "duration": _duration(positive=True),
         "dscp": {"anyOf": [{"enum": list(DSCP_NAMES)}, {"type": "integer", "minimum": 0, "maximum": MAX_DSCP}]},
-        "int_list": {"anyOf": [{"type": "array", "items": {"type": "integer"}},
+        "int_list": {"anyOf": [{"type": "array", "items": {"type": "integer", "minimum": 0,
+                                                           "maximum": MAX_CPUS - 1}},
                                {"type": "string", "pattern": CPU_LIST_PATTERN}]},
         "str_list": {"type": "array", "items": scalar},
         "port_range": _ports(),
@@ -201,6 +201,8 @@ def _param(param: ParamSpec) -> dict:
         out = {"enum": list(param.choices)}
     else:
         out = dict(by_type[param.type])
+    if param.range is not None:
+        out["minimum"], out["maximum"] = param.range
     out["description"] = param_description(param)
     if param.default is not None:
         out["default"] = param.default
@@ -208,26 +210,34 @@ def _param(param: ParamSpec) -> dict:
 
 
 def param_description(param: ParamSpec) -> str:
-    """One line about a parameter: its help, type, choices and default."""
+    """One line about a parameter: its help, type, choices or range, and default."""
     parts = [param.help] if param.help else []
     parts.append(f"type {param.type}")
     if param.choices:
         parts.append("one of " + ", ".join(map(str, param.choices)))
-    parts.append("required" if param.required else f"default {param.default!r}" if param.default is not None
-                 else "optional")
+    if param.range is not None:
+        parts.append(f"{param.range[0]}..{param.range[1]}")
+    if param.example is not None:
+        parts.append(f"e.g. {json.dumps(param.example)}")
+    if param.from_selector:
+        parts.append(f"{'required, here or in' if param.required else 'default:'} the selector's "
+                     f"{param.from_selector}")
+    else:
+        parts.append("required" if param.required else f"default {param.default!r}" if param.default is not None
+                     else "optional")
     return "; ".join(parts)
 
 
 def _params(spec: ActuatorSpec) -> dict:
     out = {"type": "object", "description": f"Parameters of '{spec.name}': {spec.help}",
            "properties": {p.name: _param(p) for p in spec.params}, "additionalProperties": False}
-    required = [p.name for p in spec.params if p.required]
+    required = [p.name for p in spec.params if p.required and not p.from_selector]
     if required:
         out["required"] = required
-    exclusive = EXCLUSIVE_PARAMS.get(spec.name)
-    if exclusive:
-        pairs = [[a, b] for i, a in enumerate(exclusive) for b in exclusive[i + 1:]]
-        out["not"] = {"anyOf": [{"required": pair} for pair in pairs]}
+    if spec.one_of:                 # exactly one of each group
+        out["allOf"] = [{"anyOf": [{"required": [name]} for name in group],
+                         "not": {"anyOf": [{"required": [a, b]} for i, a in enumerate(group) for b in group[i + 1:]]}}
+                        for group in spec.one_of]
     return out
 
 
@@ -240,7 +250,7 @@ def _action() -> dict:
     for name, spec in SPECS.items():
         branch = {"if": {"properties": {"actuator": {"const": name}}, "required": ["actuator"]},
                   "then": {"properties": {"params": _params(spec)}}}
-        if any(p.required for p in spec.params):
+        if spec.one_of or any(p.required and not p.from_selector for p in spec.params):
             branch["then"]["required"] = ["params"]
         branches.append(branch)
     action["allOf"] = branches

@@ -56,7 +56,7 @@ def withheld(diagnostics: list) -> list:
     """``diagnostics`` with those of untrusted files replaced: one error per such
     file that has errors, without a word of its content (its line and column
     neither), and none of its warnings."""
-    from .diagnostics import Diagnostic
+    from reflexarc.core.diagnostics import Diagnostic
     reasons: dict[str, str | None] = {}
     out, said = [], set()
     for d in diagnostics:

@@ -6,8 +6,9 @@ a ``report.md`` for terminals and pull requests. The pages open with what
 happened: each incident (a breach a rule acted on) with the values that fired
 it, the action, its verify result and rollback; the targets that never fired
 are a count per rule. Several controller runs in one file are reported run by
-run. ``summarize`` and ``format_summary_table`` give the per-rule summary the
-CLI prints.
+run. Both pages render one view model (``view.py``) through Jinja2 templates
+(``pages.py``, ``templates/``). ``summarize`` and ``format_summary_table`` give
+the per-rule summary the CLI prints.
 
 Example::
 

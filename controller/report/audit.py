@@ -47,8 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from ..audit import rotated_paths
-from ..input_files import open_regular
+from reflexarc.core.input_files import open_regular
+
+from ..engine.audit import rotated_paths
 
 TRACKED_KINDS = ("eval", "transition", "action", "limit", "retire", "error")
 HAND_KINDS = ("forget", "kill_switch", "pause", "resume", "operator", "drift")   # an operator's hand, node events
@@ -144,7 +145,6 @@ class Track:
     series: dict[str, Series] = field(default_factory=dict)
     evals: int = 0
     first_eval_ts: float | None = None
-    last_eval_ts: float | None = None
     last_eval_state: str | None = None
     transitions: list[dict] = field(default_factory=list)
     actions: list[dict] = field(default_factory=list)
@@ -166,7 +166,6 @@ class Track:
         self.evals += 1
         if self.first_eval_ts is None:
             self.first_eval_ts = ts
-        self.last_eval_ts = ts
         state = rec.get("state")
         if isinstance(state, str):
             self.last_eval_state = _shared(state)
@@ -387,11 +386,6 @@ class Audit:
             audit.add(rec, line_no)
         audit._journal.clear()
         return audit
-
-    def run_of_line(self, line_no: int) -> Run:
-        """The run a line of the file belongs to."""
-        starts = [run.first_line for run in self.runs]
-        return self.runs[max(0, bisect.bisect_right(starts, line_no) - 1)]
 
     def event_records(self) -> Iterator[dict]:
         """The transition and action records, read again in full (from a file,

@@ -15,7 +15,7 @@ Example::
     log = DecisionLog(cap=1000)
     for row in iter_decisions(audit):
         log.add(row)              # report.json gets every row; the pages log.rows and log.dry_run
-    [r for r in log.rows if r["kind"] == "action" and r["outcome"] == "applied"]
+    [r for r in log.rows if r["kind"] == "action" and r["outcome"] == Outcome.APPLIED]
 
 Overhead: one more pass over the trail, linear in its lines; memory O(rules x
 targets) (the last transition of each), or O(transitions and actions) when the
@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterator
 
+from reflexarc.core.outcomes import Outcome
+
 from .audit import Audit
 from .fmt import Clock, diff_lines, evidence_text
 
-DRY_RUN_OUTCOMES = ("planned", "alerted", "would-revert")
+DRY_RUN_OUTCOMES = (Outcome.PLANNED, Outcome.ALERTED, Outcome.WOULD_REVERT)   # in the order the pages name them
 DIFF_CACHE = 512
 
 

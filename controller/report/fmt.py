@@ -11,6 +11,10 @@ Example::
     Clock(wall=True).at(1700000000.0)    # '22:13:20.0'  (UTC)
     number(1000), number(1500), number(950)   # '1k', '1.5k', '950'
     duration(3725)                       # '1h02m'
+    plural(1, "target"), plural(1200, "target")   # '1 target', '1,200 targets'
+    span(Clock(wall=False), 0, 600, 600)          # 't=0 s – t=600 s (10m00s)'
+    name_of("")                          # '(not recorded)'
+    says("run ", code("reflexarc report --full"), " to see more")   # a sentence each page marks up its way
     diff_lines({"cpus": [0, 1]}, {"cpus": [0]})
 
 Overhead: string formatting only.
@@ -77,6 +81,33 @@ class Clock:
         if self.wall:
             return "time (UTC)"
         return "time since start (min:s)" if step >= 60 else "time since start (s)"
+
+
+Part = tuple[str, str]
+"""A run of a sentence and its style: "" (plain), "code", "strong" or "muted"."""
+
+
+def says(*parts: str | Part) -> list[Part]:
+    """A sentence as parts; a plain string is a plain part."""
+    return [p if isinstance(p, tuple) else ("", p) for p in parts]
+
+
+def code(text) -> Part:
+    return ("code", str(text))
+
+
+def span(clock: Clock, start, end, length) -> str:
+    """A time span for headers: 't=0 s – t=600 s (10m00s)'."""
+    return f"{clock.stamp(start)} – {clock.stamp(end)} ({duration(length)})"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def name_of(value) -> str:
+    """A policy or rule name; an empty one (an old journal entry's) is said to be unknown."""
+    return str(value) if value else "(not recorded)"
 
 
 def number(value) -> str:

@@ -37,13 +37,15 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from reflexarc.core.outcomes import Outcome
 
-STATUS_ORDER = ("failed", "escalated", "rolled back", "remediated", "applied", "notified", "alerted",
-                "planned", "adopted", "reverted", "target-gone", "held back")
+FAILED_STATE = "failed"      # the lifecycle state, spelled as Outcome.FAILED but not an outcome
+STATUS_ORDER = (Outcome.FAILED, "escalated", "rolled back", "remediated", Outcome.APPLIED, Outcome.NOTIFIED,
+                Outcome.ALERTED, Outcome.PLANNED, Outcome.ADOPTED, Outcome.REVERTED, Outcome.TARGET_GONE, "held back")
 GOOD = ("remediated",)
-BAD = ("failed", "escalated", "rolled back")
-DRY = ("planned", "alerted")
-ROLLBACK_OUTCOMES = ("reverted", "would-revert", "kept", "target-gone", "resolved")
+BAD = (Outcome.FAILED, "escalated", "rolled back")
+DRY = (Outcome.PLANNED, Outcome.ALERTED)
+ROLLBACK_OUTCOMES = (Outcome.REVERTED, Outcome.WOULD_REVERT, Outcome.KEPT, Outcome.TARGET_GONE, Outcome.RESOLVED)
 MAX_STEPS = 40               # transitions kept per incident
 MAX_ACTIONS = 20             # actions kept per incident
 MAX_DIFF_LINES = 60
@@ -92,8 +94,8 @@ class IncidentLog:
                     self._step(incident, row)
             return done
         outcome = row.get("outcome")
-        maker = self._by_jid.get(row.get("journal_id")) if outcome in ROLLBACK_OUTCOMES + ("adopted",) else None
-        if maker is not None and maker["run"] == row["run"] and outcome != "adopted":
+        maker = self._by_jid.get(row.get("journal_id")) if outcome in ROLLBACK_OUTCOMES + (Outcome.ADOPTED,) else None
+        if maker is not None and maker["run"] == row["run"] and outcome != Outcome.ADOPTED:
             self._act(maker, row)           # the revert of a change an earlier breach of this target made
             return done + self._settle_if_done(maker, row.get("journal_id"))
         if maker is not None:               # a later run took over or reverted an earlier run's change
@@ -169,7 +171,7 @@ class IncidentLog:
         else:
             incident["more_actions"] += 1
         jid = row.get("journal_id")
-        if jid and outcome in ("applied", "adopted"):
+        if jid and outcome in (Outcome.APPLIED, Outcome.ADOPTED):
             self._by_jid[jid] = incident
             incident["active"].append(jid)
         if incident["first_action_s"] is None and outcome not in ROLLBACK_OUTCOMES and not incident["standalone"]:
@@ -299,20 +301,21 @@ def status_of(incident: dict) -> str | None:
     outcomes = {a["outcome"] for a in incident["actions"]} | {a["outcome"] for a in incident["rollback"]}
     reached = {s["to"] for s in incident["steps"]}
     verify_failed = incident["verify"] is not None and not incident["verify"]["ok"]
-    if "failed" in outcomes or "failed" in reached:
-        return "failed"
+    if Outcome.FAILED in outcomes or FAILED_STATE in reached:
+        return Outcome.FAILED
     for dry in DRY:
         if dry in outcomes:
             return dry
     if "escalated" in reached:
         return "escalated"
-    if verify_failed and ("rolled_back" in reached or "reverted" in outcomes):
+    if verify_failed and ("rolled_back" in reached or Outcome.REVERTED in outcomes):
         return "rolled back"
     if "remediated" in reached:
         return "remediated"
-    if "applied" in outcomes:
-        return "applied"
-    for outcome in ("notified", "adopted", "reverted", "target-gone", "noop", "kept", "resolved", "would-revert"):
+    if Outcome.APPLIED in outcomes:
+        return Outcome.APPLIED
+    for outcome in (Outcome.NOTIFIED, Outcome.ADOPTED, Outcome.REVERTED, Outcome.TARGET_GONE, Outcome.NOOP,
+                    Outcome.KEPT, Outcome.RESOLVED, Outcome.WOULD_REVERT):
         if outcome in outcomes:
             return outcome
     if incident["held_back"]:

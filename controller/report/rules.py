@@ -10,7 +10,7 @@ used when its conditions are the same texts in the same order (the file may
 have changed since the run). Failing both, the expression is unknown and the
 pages list the conditions without joining them with a word they cannot know.
 A rule's rollback reads as people write it: the record's ``on ['shutdown',
-'ttl']`` is shown as ``on shutdown, ttl`` (``as_written``).
+'ttl']`` is shown as ``on shutdown, ttl``, ``on []`` as ``on none`` (``as_written``).
 
 Example::
 
@@ -35,13 +35,13 @@ from ..policy.model import COMBINATORS, when_tree
 log = logging.getLogger("reflexarc.report")
 
 MAX_POLICY_BYTES = 1 << 20
-_LIST_REPR = re.compile(r"\[('[^'\[\]]*'(?:, '[^'\[\]]*')*)\](, )?")     # ['shutdown', 'ttl'], ...
+_LIST_REPR = re.compile(r"\[('[^'\[\]]*'(?:, '[^'\[\]]*')*)?\](, )?")    # ['shutdown', 'ttl'], ... or []
 
 
 def as_written(text: str) -> str:
-    """``on ['shutdown', 'ttl'], ttl 3600s`` as ``on shutdown, ttl; ttl 3600s``."""
-    return _LIST_REPR.sub(lambda m: ", ".join(item.strip("'") for item in m.group(1).split(", "))
-                          + ("; " if m.group(2) else ""), text)
+    """``on ['shutdown', 'ttl'], ttl 3600s`` as ``on shutdown, ttl; ttl 3600s``; ``on []`` as ``on none``."""
+    return _LIST_REPR.sub(lambda m: (", ".join(item.strip("'") for item in m.group(1).split(", "))
+                                     if m.group(1) else "none") + ("; " if m.group(2) else ""), text)
 
 
 def valid_tree(tree) -> bool:

@@ -25,34 +25,32 @@ import bisect
 from collections import Counter
 from typing import Iterable
 
+from reflexarc.core.outcomes import WOULD_HAVE_ACTED, Outcome
+
 from .audit import Audit, Run, Track
-from .fmt import Clock, duration
+from .fmt import Clock, duration, plural
 
-WOULD_ACT = ("planned", "alerted")
-HEADLINE_OUTCOMES = ("applied", "planned", "alerted", "reverted", "failed")
 # every action outcome the audit writes (docs/audit-format.md), in the order the pages list them
-OUTCOMES = ("applied", "planned", "alerted", "notified", "noop", "failed", "reverted", "would-revert", "kept",
-            "adopted", "target-gone", "resolved")
+OUTCOMES = (Outcome.APPLIED, Outcome.PLANNED, Outcome.ALERTED, Outcome.NOTIFIED, Outcome.NOOP, Outcome.FAILED,
+            Outcome.REVERTED, Outcome.WOULD_REVERT, Outcome.KEPT, Outcome.ADOPTED, Outcome.TARGET_GONE,
+            Outcome.RESOLVED)
 OUTCOME_MEANING = {
-    "applied": "enforce: the change was made",
-    "planned": "dry-run: the change it would have made",
-    "alerted": "alert-only: an alert instead of the change",
-    "notified": "an alert or log action was sent",
-    "noop": "already in the desired state",
-    "failed": "the actuator failed",
-    "reverted": "a change undone",
-    "would-revert": "dry-run: the undo it would have done",
-    "kept": "rollback never: the change stays",
-    "adopted": "a restarted controller kept a change from its journal",
-    "target-gone": "the process or object the change was for is gone",
-    "resolved": "an alert this rule raised, resolved",
+    Outcome.APPLIED: "enforce: the change was made",
+    Outcome.PLANNED: "dry-run: the change it would have made",
+    Outcome.ALERTED: "alert-only: an alert instead of the change",
+    Outcome.NOTIFIED: "an alert or log action was sent",
+    Outcome.NOOP: "already in the desired state",
+    Outcome.FAILED: "the actuator failed",
+    Outcome.REVERTED: "a change undone",
+    Outcome.WOULD_REVERT: "dry-run: the undo it would have done",
+    Outcome.KEPT: "rollback never: the change stays",
+    Outcome.ADOPTED: "a restarted controller kept a change from its journal",
+    Outcome.TARGET_GONE: "the process or object the change was for is gone",
+    Outcome.RESOLVED: "an alert this rule raised, resolved",
 }
-ROLLBACK_OUTCOMES = ("reverted", "would-revert", "kept", "target-gone", "resolved", "adopted")
+ROLLBACK_OUTCOMES = (Outcome.REVERTED, Outcome.WOULD_REVERT, Outcome.KEPT, Outcome.TARGET_GONE, Outcome.RESOLVED,
+                     Outcome.ADOPTED)
 MANUAL_POLICY = "manual"
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def outcome_order(outcome: str) -> int:
@@ -135,7 +133,7 @@ def _row(track: Track, declared: dict[str, str], complete: bool) -> dict:
         "firings": len(eps),
         "actions": dict(sorted(outcomes.items())),
         "actuators": sorted({str(a.get("actuator") or "?") for a in actions}),
-        "would_have_acted": sum(outcomes[o] for o in WOULD_ACT),
+        "would_have_acted": sum(outcomes[o] for o in WOULD_HAVE_ACTED),
         "limits": dict(sorted(Counter(str(lim.get("reason") or "?") for lim in track.limits).items())),
         "errors": track.errors,
         "onset": onset,
@@ -174,7 +172,7 @@ def _counts(run_or_runs, rows: list[dict]) -> dict:
         "records": sum(r.record_count for r in runs), "evals": sum(r.evals for r in runs),
         "transitions": sum(len(r.transitions) for r in runs),
         "actions": dict(sorted(outcomes.items())),
-        "would_have_acted": sum(outcomes[o] for o in WOULD_ACT),
+        "would_have_acted": sum(outcomes[o] for o in WOULD_HAVE_ACTED),
         "limits": dict(sorted(Counter(str(lim.get("reason") or "?") for r in runs for lim in r.limits).items())),
         "errors": sum(len(r.errors) for r in runs),
         "targets": len(rows), "active_targets": sum(1 for row in rows if row["active"]),
@@ -206,7 +204,8 @@ def _run_warnings(audit: Audit, run: Run, counts: dict, clock: Clock) -> list[st
     end = (run.end or {}).get("summary")
     if isinstance(end, dict) and run.run is not None:
         claims = {"transitions": counts["transitions"], "would_have_acted": counts["would_have_acted"],
-                  "applied": counts["actions"].get("applied", 0), "reverted": counts["actions"].get("reverted", 0)}
+                  Outcome.APPLIED: counts["actions"].get(Outcome.APPLIED, 0),
+                  Outcome.REVERTED: counts["actions"].get(Outcome.REVERTED, 0)}
         for name, seen in claims.items():
             if name in end and end[name] != seen:
                 out.append(f"the controller's end summary says {name}={end[name]}, the records show {seen}")

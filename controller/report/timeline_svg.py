@@ -27,10 +27,13 @@ from __future__ import annotations
 import math
 from html import escape
 
-from ..signals import CATALOGUE
+from reflexarc.core.outcomes import Outcome
+
+from ..signals.catalogue import CATALOGUE
 from .audit import Series, Track
 from .downsample import change_points, step_segments
 from .fmt import Clock, number
+from .incidents import FAILED_STATE
 
 WIDTH = 1000
 LEFT, RIGHT = 84, 24
@@ -50,7 +53,7 @@ MARKER_SLOT_PX = 2 * MARKER_R + 1
 STATE_COLOURS = {
     "pending": "#ffe066", "firing": "#ff8787", "acting": "#ffa94d", "verifying": "#74c0fc",
     "remediated": "#8ce99a", "escalated": "#da77f2", "recovering": "#63e6be",
-    "rolled_back": "#c0a080", "failed": "#e03131", "cooldown": "#ced4da",
+    "rolled_back": "#c0a080", FAILED_STATE: "#e03131", "cooldown": "#ced4da",
 }
 UNKNOWN_STATE_COLOUR = "#fab005"
 BAND_OPACITY = 0.28
@@ -60,16 +63,16 @@ GUIDES_UNDER = 40             # a lane with more marker slots than this draws no
 
 # outcome -> (shape, colour, filled, glyph for legends)
 MARKERS = {
-    "applied": ("up", "#2b8a3e", True, "▲"),
-    "planned": ("up", "#1971c2", False, "△"),
-    "reverted": ("down", "#5f3dc4", True, "▼"),
-    "would-revert": ("down", "#5f3dc4", False, "▽"),
-    "failed": ("x", "#c92a2a", False, "✕"),
-    "alerted": ("diamond", "#e8590c", True, "◆"),
-    "notified": ("circle", "#e8590c", True, "●"),
-    "noop": ("circle", "#868e96", False, "○"),
-    "kept": ("square", "#495057", True, "■"),
-    "adopted": ("square", "#495057", False, "□"),
+    Outcome.APPLIED: ("up", "#2b8a3e", True, "▲"),
+    Outcome.PLANNED: ("up", "#1971c2", False, "△"),
+    Outcome.REVERTED: ("down", "#5f3dc4", True, "▼"),
+    Outcome.WOULD_REVERT: ("down", "#5f3dc4", False, "▽"),
+    Outcome.FAILED: ("x", "#c92a2a", False, "✕"),
+    Outcome.ALERTED: ("diamond", "#e8590c", True, "◆"),
+    Outcome.NOTIFIED: ("circle", "#e8590c", True, "●"),
+    Outcome.NOOP: ("circle", "#868e96", False, "○"),
+    Outcome.KEPT: ("square", "#495057", True, "■"),
+    Outcome.ADOPTED: ("square", "#495057", False, "□"),
 }
 UNKNOWN_MARKER = ("circle", "#212529", False, "○")
 VALUE_COLOUR, THRESHOLD_COLOUR, BASELINE_COLOUR = "#1c7ed6", "#e03131", "#495057"

@@ -40,10 +40,10 @@ from pathlib import Path
 from .audit import Audit, load_audit
 from .decisions import DecisionLog, iter_decisions, limit_groups
 from .detail import Detail
-from .html_page import render_html
 from .incidents import IncidentLog
-from .markdown_page import render_markdown
+from .pages import render_html, render_markdown
 from .summary import summarize
+from .view import page
 
 FORMAT = "reflexarc-report/2"
 SPOOL_BYTES = 8 << 20
@@ -133,8 +133,9 @@ def write_audit_report(audit: Audit, out_dir: str | Path, full: bool = False) ->
     out.mkdir(parents=True, exist_ok=True)
     paths = {"html": out / "report.html", "json": out / "report.json", "md": out / "report.md"}
     log, incidents = _replace(paths["json"], lambda fh: write_json(fh, audit, summary, detail))
-    _replace(paths["html"], lambda fh: fh.write(render_html(audit, summary, log, incidents, detail)))
-    _replace(paths["md"], lambda fh: fh.write(render_markdown(audit, summary, log, incidents, detail)))
+    view = page(audit, summary, log, incidents, detail)
+    _replace(paths["html"], lambda fh: fh.write(render_html(view)))
+    _replace(paths["md"], lambda fh: fh.write(render_markdown(view)))
     return paths, summary
 
 

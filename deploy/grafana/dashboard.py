@@ -3,8 +3,8 @@ and its copy in the Helm chart (deploy/helm/reflexarc/dashboards/reflexarc.json)
 
 Rows: rule states; actions by outcome and would-have-acted counts; probe
 health; the controller's own cost; the live signals. The controller's metrics
-are those of ``controller/metrics.py`` and ``controller/exporter.py``; a live
-signal of the catalogue is exported under the name ``controller/signal_metrics.py``
+are those of ``controller/engine/metrics.py`` and ``controller/runtime/exporter.py``; a live
+signal of the catalogue is exported under the name ``controller/runtime/signal_metrics.py``
 gives it (its unit suffix in a base unit: ``step_time_ms`` is
 ``reflexarc_step_time_seconds``).
 

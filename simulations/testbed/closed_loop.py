@@ -44,7 +44,8 @@ import time
 from pathlib import Path
 
 from . import procs
-from .alertmanager import BINARY as ALERTMANAGER, Alertmanager
+from .alertmanager import BINARY as ALERTMANAGER
+from .alertmanager import Alertmanager
 from .controller import POLICY_DIR, ControllerProcess, Timeline, fill_selectors, records, write_report
 from .faults import BulkUpload, Misplaced, Nothing, StoreLatency, StoreSerial
 from .state import diff, snapshot

@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 import reflexarc.policies
+from reflexarc.core.outcomes import Outcome
 
 POLICY_DIR = Path(reflexarc.policies.__file__).resolve().parent
 CLI = [sys.executable, "-m", "reflexarc.controller.cli"]
@@ -222,11 +223,11 @@ class Timeline:
             elif r["kind"] == "action":
                 t.actions.append({k: r.get(k) for k in ("ts", "actuator", "outcome", "error", "target")}
                                  | {"summary": (r.get("change") or {}).get("summary")})
-                if r["outcome"] == "applied" and t.applied is None:
+                if r["outcome"] == Outcome.APPLIED and t.applied is None:
                     t.applied = r["ts"]
-                elif r["outcome"] == "reverted" and t.verify_failed is not None and t.rolled_back is None:
+                elif r["outcome"] == Outcome.REVERTED and t.verify_failed is not None and t.rolled_back is None:
                     t.rolled_back = r["ts"]
-                elif r["actuator"] == "alert" and r["outcome"] == "notified" and t.alerted is None:
+                elif r["actuator"] == "alert" and r["outcome"] == Outcome.NOTIFIED and t.alerted is None:
                     t.alerted = r["ts"]
         if carried is not None and t.fired is not None:
             t.pending = carried
@@ -243,7 +244,7 @@ def open_changes(state_dir: Path) -> list[str]:
     if not (Path(state_dir) / "journal.jsonl").exists():
         return []
     r = subprocess.run([*CLI, "--state-dir", str(state_dir), "journal"], capture_output=True, text=True, timeout=60)
-    return [line for line in r.stdout.splitlines() if line.split()[1:2] in (["intent"], ["applied"])]
+    return [line for line in r.stdout.splitlines() if line.split()[1:2] in (["intent"], [Outcome.APPLIED])]
 
 
 def write_report(audit: Path, out_dir: Path) -> str | None:

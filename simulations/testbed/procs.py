@@ -64,11 +64,6 @@ def make_cgroup(relative: str) -> Path:
     return path
 
 
-def cgroup_id(path: Path) -> int:
-    """The cgroup v2 id: the directory's inode, what ``bpf_skb_cgroup_id`` returns."""
-    return path.stat().st_ino
-
-
 def spawn(argv: list[str], *, tag: str, stdout: Path, netns: str | None = None,
           cgroup: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``argv`` as the leader of a new process group, inside ``netns`` and

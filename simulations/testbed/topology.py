@@ -59,6 +59,8 @@ import zlib
 from pathlib import Path
 from typing import NamedTuple
 
+from reflexarc.core.cgroups import cgroup2_id
+
 from . import procs, switch
 from .handle import Job, Rank
 from .procs import TestbedError
@@ -359,7 +361,7 @@ class Testbed:
             log = f"job{n}-r{i}"
             proc = self.spawn(argv, name=log, netns=self.rank_netns(i), cgroup=f"job{n}/{cgroup}", env=env)
             cg = f"{self.cgroup}/job{n}/{cgroup}"
-            ranks.append(Rank(i, proc, cg, procs.cgroup_id(procs.cgroup2_root() / cg), self.workdir / f"{log}.log"))
+            ranks.append(Rank(i, proc, cg, cgroup2_id(cg), self.workdir / f"{log}.log"))
         job = Job(label, ranks)
         self.event(event="job-start", job=name, pids=job.pids)
         try:

@@ -21,7 +21,7 @@ complete:
   and from its Prometheus export (``SignalCollector``), by the end of the next
   poll: a worker's series last a collect or two, not the retention (a pid
   that one of the trainers started again meanwhile is excused: the series may
-  be the new worker's);
+  be the new worker's; so is one alive as another program's process then);
 - no sample was refused at the cap (``reflexarc_samples_dropped_total``,
   reason ``series_limit``);
 - two polls after the last worker was reaped, none of their series is left.
@@ -52,7 +52,7 @@ from pathlib import Path
 from reliability.counts import COUNTS
 
 TRAINERS, WORKERS, PERIOD = 10, 5, 1.0          # 50 new workers a second, each living a period
-ROUNDS = 300 if COUNTS.soak else 25            # periods: five minutes in a soak
+ROUNDS = COUNTS.churn_rounds                   # periods: five minutes in a soak
 CAP_PER_LIVE = 12                              # series cap per signal, per live worker
 POLL_S = 1.0
 PROBES = ("dataloader_io", "sched_numa", "proc_exit")
@@ -145,6 +145,22 @@ def _exported_pids(collector) -> set[tuple[int, str | None]]:
             for s in family.samples if s.labels.get("pid", "").isdigit()}
 
 
+def _foreign(pids, trainers: set[int], proc: Path = Path("/proc")) -> set[int]:
+    """The ``pids`` that are alive now as children of no trainer of ours: another
+    program's DataLoader workers on this node that were given a number one of
+    ours had (the probes see every ``pt_data_worker``), whose series rightly
+    stay while they live."""
+    out = set()
+    for pid in pids:
+        try:
+            stat = (proc / str(pid) / "stat").read_text()
+        except OSError:
+            continue                                  # gone: not excused
+        if int(stat.rpartition(")")[2].split()[1]) not in trainers:
+            out.add(pid)
+    return out
+
+
 def _stale(pid: int, trainer: str | None, instances: dict, since: float, until: float) -> str | None:
     """Why a series of ``pid`` seen at a poll ending ``until`` should be gone
     (a worker of ours with that pid was reaped before ``since``, the start of
@@ -164,12 +180,12 @@ def run_churn(tmp: Path, rounds: int = ROUNDS) -> dict:
 
     from reflexarc.bpf.manager import ProbeManager
     from reflexarc.bpf.probe import OK, Selection
-    from reflexarc.controller.bus import SignalBus
-    from reflexarc.controller.intake import Intake
-    from reflexarc.controller.metrics import ControllerMetrics
-    from reflexarc.controller.signal_metrics import SignalCollector
-    from reflexarc.controller.signals import CATALOGUE
-    from reflexarc.controller.sources import ProbeSource
+    from reflexarc.controller.engine.bus import SignalBus
+    from reflexarc.controller.sources.intake import Intake
+    from reflexarc.controller.engine.metrics import ControllerMetrics
+    from reflexarc.controller.runtime.signal_metrics import SignalCollector
+    from reflexarc.controller.signals.catalogue import CATALOGUE
+    from reflexarc.controller.sources.readers import ProbeSource
 
     tmp.mkdir(parents=True, exist_ok=True)
     cap = CAP_PER_LIVE * TRAINERS * WORKERS
@@ -191,9 +207,12 @@ def run_churn(tmp: Path, rounds: int = ROUNDS) -> dict:
         ended = time.monotonic()
         exported = _exported_pids(collector)
         scraped = time.monotonic()
+        series = _worker_series(bus, names)
         polls.append({"began": began, "ended": ended, "poll_s": ended - began, "scrape_s": scraped - ended,
-                      "exits": len(manager.exited), "series": _worker_series(bus, names), "exported": exported,
-                      "bus_series": bus.series_count()})
+                      "exits": len(manager.exited), "series": series, "exported": exported,
+                      "bus_series": bus.series_count(),
+                      "foreign": _foreign({s[1] for s in series} | {pid for pid, _ in exported},
+                                          {p.pid for p in procs})})
 
     cpu0 = time.process_time()
     procs, logs = _start_trainers(tmp, rounds)
@@ -219,13 +238,14 @@ def run_churn(tmp: Path, rounds: int = ROUNDS) -> dict:
     for prev, cur in zip(polls, polls[1:]):
         seen = {(pid, trainer) for _, pid, trainer, _ in cur["series"]} | cur["exported"]
         for pid, trainer in sorted(seen, key=str):
-            why = _stale(pid, trainer, instances, prev["began"], cur["ended"])
+            why = None if pid in cur["foreign"] else _stale(pid, trainer, instances, prev["began"], cur["ended"])
             if why:
                 held = sorted((name, round(ts, 3)) for name, p, t, ts in cur["series"] if (p, t) == (pid, trainer))
                 failures.append(f"poll at {cur['began']:.3f}: worker {pid} (trainer {trainer}) still has a "
                                 f"series: {why}; on the bus (signal, newest sample): {held or 'exported only'}")
     mine = {str(p.pid) for p in procs}
-    left = [s[:3] for s in polls[-1]["series"] if s[1] in instances and (s[2] is None or s[2] in mine)]
+    left = [s[:3] for s in polls[-1]["series"]
+            if s[1] in instances and s[1] not in polls[-1]["foreign"] and (s[2] is None or s[2] in mine)]
     if left:
         failures.append(f"{len(left)} series of exited workers left after the churn: {left[:5]}")
     limit = {key: v for key, v in _dropped(metrics).items() if key[1] == "series_limit"}

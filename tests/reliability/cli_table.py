@@ -27,13 +27,12 @@ from __future__ import annotations
 import os
 import resource
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from conftest import run_cli
 from test_cli_bad_input import BIG, POLICY as GOOD_POLICY
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 LIMIT = 15.0                       # seconds: past this a case hangs (the slowest good case: ~2 s)
 MEMORY_LIMIT = 1 << 30             # bytes of data segment per child
 
@@ -203,8 +202,7 @@ def run_case(files: dict[str, str], args: tuple[str, ...]) -> dict:
     argv = ["--hook-dir", files["hooks"], "--proc-root", files["proc"], *argv]
     began = time.monotonic()
     try:
-        r = subprocess.run(RX + argv, capture_output=True, text=True, timeout=LIMIT, stdin=subprocess.DEVNULL,
-                           preexec_fn=_limits, errors="replace")
+        r = run_cli(*argv, timeout=LIMIT, preexec_fn=_limits, errors="replace")
         code, out, err, hung = r.returncode, r.stdout, r.stderr, False
     except subprocess.TimeoutExpired as exc:
         code, hung = None, True

@@ -45,10 +45,10 @@ TESTS = HERE.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from conftest import spawn_cli  # noqa: E402
 from reliability.counts import record_sigterm  # noqa: E402
 from reliability.workloads import QUIET as POLICY  # noqa: E402
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 RUN_S = 5.0
 EXIT_LIMIT = 30.0
 FALSE_STEP_MS = 10000.0
@@ -94,10 +94,9 @@ def controller_steps(tmp: Path) -> list[str]:
     policy = tmp / "quiet.yaml"
     policy.write_text(POLICY)
     offset = tmp / "offset"
-    proc = subprocess.Popen(RX + ["--state-dir", str(state), "--hook-dir", str(hooks), "run", "--no-probes",
-                                  "--policy", str(policy), "--duration", str(RUN_S), "--interval", "0.35"],
-                            env=_env(offset), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+    proc = spawn_cli("--state-dir", str(state), "--hook-dir", str(hooks), "run", "--no-probes", "--policy",
+                     str(policy), "--duration", str(RUN_S), "--interval", "0.35", env=_env(offset),
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     audit = state / "audit.jsonl"
     deadline = time.monotonic() + 60
     while not audit.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -122,7 +121,7 @@ def controller_steps(tmp: Path) -> list[str]:
 
 
 def hook_steps(tmp: Path) -> list[str]:
-    from reflexarc.controller.sources import HookSource
+    from reflexarc.controller.sources.readers import HookSource
     hooks = tmp / "hooks"
     hooks.mkdir(mode=0o755)
     offset = tmp / "offset"
@@ -186,11 +185,9 @@ def forward_step_limits(tmp: Path) -> list[str]:
     state = tmp / "state"
     state.mkdir(mode=0o700)
     offset = tmp / "offset"
-    proc = subprocess.Popen(RX + bed.globals(state) + ["run", "--no-probes", "--replay", str(replay), "--policy",
-                                                       str(policy), "--mode", "policy", "--interval", "0.2",
-                                                       "--duration", "60", "--kill-switch", str(state / "off")],
-                            env=_env(offset), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+    proc = spawn_cli(*bed.globals(state), "run", "--no-probes", "--replay", str(replay), "--policy", str(policy),
+                     "--mode", "policy", "--interval", "0.2", "--duration", "60", "--kill-switch", str(state / "off"),
+                     env=_env(offset), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     audit = state / "audit.jsonl"
 
     def records(kind: str) -> list[dict]:

@@ -6,6 +6,9 @@ Example::
     from reliability.counts import COUNTS
     COUNTS.kill_trials       # 5 in CI, 50 in a soak (per actuator)
 
+A count here is what ``make test`` shortens and ``make soak`` runs in full:
+every part runs in both, only its length differs.
+
 ``REFLEXARC_RELIABILITY_SEED`` changes the random choices (kill points, delays,
 fuzz inputs); the default seed makes two runs of one tree choose alike.
 
@@ -34,20 +37,28 @@ SIGTERM_FILE = "sigterm.jsonl"            # in it: one SIGTERM-to-exit time a li
 @dataclass(frozen=True)
 class Counts:
     soak: bool
-    kill_trials: int          # SIGKILL trials per actuator
+    kill_trials: int          # SIGKILL trials per actuator, at its bed's kill points in turn (each third
+                              # one kills the restart too); under 4, no kill meets deep_tracing's change
+                              # applied
     fuzz_cases: int           # fuzzed policy files
     storm_samples: int        # samples in the storm's replay
     storm_pids: int           # distinct DataLoader pids in it
     storm_span: float         # seconds its records are due within
     storm_delays: tuple       # seconds after the change is applied to send SIGTERM, one trial each
+    churn_rounds: int         # one-second rounds of DataLoader worker churn (25: the fewest that start
+                              # twice the series cap's worth of workers)
+    full_disk_rounds: int     # rounds of the full-disk cases (SIGTERM, running on, restart)
     seed: int
 
 
 def counts_for(soak: bool) -> Counts:
     seed = int(os.environ.get(SEED_ENV, "20240611"))
     if soak:
-        return Counts(True, 50, 10_000, 1_050_000, 100_000, 30.0, (0.0, 1.0, 3.0, 8.0, 13.0), seed)
-    return Counts(False, 5, 300, 150_000, 15_000, 8.0, (0.5,), seed)
+        return Counts(True, kill_trials=50, fuzz_cases=10_000, storm_samples=1_050_000, storm_pids=100_000,
+                      storm_span=30.0, storm_delays=(0.0, 1.0, 3.0, 8.0, 13.0), churn_rounds=300,
+                      full_disk_rounds=3, seed=seed)
+    return Counts(False, kill_trials=5, fuzz_cases=100, storm_samples=150_000, storm_pids=15_000, storm_span=8.0,
+                  storm_delays=(0.5,), churn_rounds=25, full_disk_rounds=1, seed=seed)
 
 
 COUNTS = counts_for(os.environ.get(SOAK_ENV) == "1")

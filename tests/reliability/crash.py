@@ -132,7 +132,7 @@ def policy_text(name: str, selector: str, action: str) -> str:
 
 def open_entries(state: Path) -> list[str]:
     """The journal's open entries, each described, read as the next start reads them."""
-    from reflexarc.controller.journal import Journal
+    from reflexarc.controller.engine.journal import Journal
     path = state / "journal.jsonl"
     if not path.exists():
         return []
@@ -148,7 +148,7 @@ def journal_state(state: Path) -> str:
     entries = []
     path = state / "journal.jsonl"
     if path.exists():
-        from reflexarc.controller.journal import Journal
+        from reflexarc.controller.engine.journal import Journal
         journal = Journal(path)
         entries = journal.entries()
         journal.close()

@@ -60,10 +60,10 @@ TESTS = HERE.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from conftest import run_cli, spawn_cli  # noqa: E402
 from reliability.counts import record_sigterm  # noqa: E402
 from reliability.crash import AffinityBed  # noqa: E402
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 STATE_SIZE = "1m"
 RUNNING_S = 3.0
 EXIT_LIMIT = 30.0          # seconds from the signal to the exit: past it, the controller hangs
@@ -128,11 +128,10 @@ class Controller:
                  preexec=None) -> None:
         self.log = state.parent / f"{state.name}.stderr"
         self.err = open(self.log, "w")
-        argv = RX + bed.globals(state) + ["run", "--no-probes", "--replay", str(bed.replay), "--policy",
-                                          str(bed.policy), "--mode", "policy", "--interval", "0.2",
-                                          "--duration", str(duration), "--kill-switch", str(state / "off"), *extra]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err,
-                                     preexec_fn=preexec)
+        self.proc = spawn_cli(*bed.globals(state), "run", "--no-probes", "--replay", str(bed.replay), "--policy",
+                              str(bed.policy), "--mode", "policy", "--interval", "0.2", "--duration", str(duration),
+                              "--kill-switch", str(state / "off"), *extra, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=self.err, preexec_fn=preexec)
 
     def stop(self, sig: int) -> tuple[int | None, float]:
         """Send ``sig``; the exit code (None when it hung) and the seconds it took."""
@@ -199,10 +198,8 @@ def _case(bed: AffinityBed, tmp: Path, case: str, n: int) -> dict:
         if case == "restart":
             ctl.stop(signal.SIGKILL)
             rec["live_after_kill"] = bed.live()
-            restart = subprocess.run(RX + bed.globals(state) + ["run", "--no-probes", "--policy",
-                                                                 str(bed.tmp / "quiet.yaml"), "--mode", "policy",
-                                                                 "--duration", "0"],
-                                     capture_output=True, text=True, timeout=EXIT_LIMIT + 30)
+            restart = run_cli(*bed.globals(state), "run", "--no-probes", "--policy", str(bed.tmp / "quiet.yaml"),
+                              "--mode", "policy", "--duration", "0", timeout=EXIT_LIMIT + 30)
             rec["exit"], err = restart.returncode, restart.stderr
             if "reconciled at start" not in err:
                 rec["problems"].append(f"the restart did not say what it reconciled: {err[-800:]}")
@@ -339,10 +336,8 @@ def port_taken(tmp: Path) -> dict:
         _wait_for("change applied and journaled", lambda: _applied(bed, state), APPLY_LIMIT, ctl.proc)
         ctl.stop(signal.SIGKILL)
         rec["live_after_kill"] = bed.live()
-        r = subprocess.run(RX + bed.globals(state) + ["run", "--no-probes", "--policy", str(bed.policy),
-                                                       "--mode", "policy", "--duration", "0",
-                                                       "--metrics-addr", f"127.0.0.1:{port}"],
-                           capture_output=True, text=True, timeout=EXIT_LIMIT + 30)
+        r = run_cli(*bed.globals(state), "run", "--no-probes", "--policy", str(bed.policy), "--mode", "policy",
+                    "--duration", "0", "--metrics-addr", f"127.0.0.1:{port}", timeout=EXIT_LIMIT + 30)
         rec["exit"] = r.returncode
         errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
         if r.returncode != 1 or len(errors) != 1 or str(port) not in errors[0]:

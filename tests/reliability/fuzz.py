@@ -53,8 +53,8 @@ from reflexarc.controller.policy.diagnostics import PolicyError
 from reflexarc.controller.policy.loader import load_policies
 from reflexarc.controller.policy.model import AGGREGATIONS, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS
 from reflexarc.controller.policy.schema import SECTIONS
-from reflexarc.controller.producers import REQUIREMENTS
-from reflexarc.controller.signals import CATALOGUE
+from reflexarc.controller.signals.producers import REQUIREMENTS
+from reflexarc.controller.signals.catalogue import CATALOGUE
 from reflexarc.core.dscp import DSCP_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -35,9 +35,9 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import run_cli
 from reliability.workloads import QUIET
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 MALFORMED = [b"{}", b"[]", b"1", b'{"id": "w", "state": "intent"}', b"\xff\xfe\x00garbage\x80",
              b'{"id": 5, "state": ["applied"]}',
              b'{"id": "w", "state": "intent", "change": {"actuator": "affinity", "target": {"labels": "x"}}}',
@@ -112,8 +112,7 @@ class Bed:
         self.children: list[subprocess.Popen] = []
 
     def rx(self, state: Path, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(RX + ["--state-dir", str(state), "--hook-dir", str(self.tmp / "hooks"), *args],
-                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        return run_cli("--state-dir", str(state), "--hook-dir", str(self.tmp / "hooks"), *args)
 
     def lever(self, state: Path, lever: str) -> subprocess.CompletedProcess:
         if lever == "rollback":

@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
     point = os.environ.get(POINT_ENV)
     if point:
         install(point, int(os.environ.get(NTH_ENV, "1")), float(os.environ.get(DELAY_ENV, "0")))
-    from reflexarc.controller.cli import main as cli_main
+    from reflexarc.controller.cli.main import main as cli_main
     return cli_main(argv)
 
 

@@ -49,16 +49,15 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
+from conftest import run_cli, spawn_cli  # noqa: E402
 from reliability.workloads import QUIET as POLICY  # noqa: E402
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 SECRET = b"root-only secret line\n"
 
 
 def _run(state: Path, policy: Path, hooks: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(RX + ["--state-dir", str(state), "--hook-dir", str(hooks), "run", "--no-probes",
-                                "--policy", str(policy), "--duration", "0"],
-                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    return run_cli("--state-dir", str(state), "--hook-dir", str(hooks), "run", "--no-probes", "--policy", str(policy),
+                   "--duration", "0", timeout=60)
 
 
 def _errors(r: subprocess.CompletedProcess) -> list[str]:
@@ -158,9 +157,9 @@ def _reload_link(tmp: Path, shared: Path, secret: Path, hooks: Path) -> list[str
     path.write_text(POLICY)
     state = tmp / "policy-link-reload"
     state.mkdir(mode=0o700)
-    proc = subprocess.Popen(RX + ["--state-dir", str(state), "--hook-dir", str(hooks), "run", "--no-probes",
-                                  "--policy", str(path), "--interval", "0.2", "--duration", "30"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = spawn_cli("--state-dir", str(state), "--hook-dir", str(hooks), "run", "--no-probes", "--policy", str(path),
+                     "--interval", "0.2", "--duration", "30", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE)
     audit = state / "audit.jsonl"
     records = lambda: [json.loads(line) for line in audit.read_text().splitlines() if line.strip()]  # noqa: E731
     deadline = time.monotonic() + 30

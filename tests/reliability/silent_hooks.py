@@ -37,11 +37,11 @@ TESTS = HERE.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from conftest import spawn_cli  # noqa: E402
 from reliability.clock_steps import HOOKED  # noqa: E402
 from reliability.counts import record_sigterm  # noqa: E402
 from reliability.workloads import QUIET as POLICY  # noqa: E402
 
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 SILENT = 30
 POLL_BOUND = 10.0
 EXIT_BOUND = 5.0
@@ -62,7 +62,7 @@ time.sleep(3600)
 
 
 def run_silent(tmp: Path) -> dict:
-    from reflexarc.controller.sources import HookSource
+    from reflexarc.controller.sources.readers import HookSource
     nobody = pwd.getpwnam("nobody")
     hooks = tmp / "hooks"
     hooks.mkdir(mode=0o755)
@@ -100,10 +100,9 @@ def run_silent(tmp: Path) -> dict:
         state.mkdir(mode=0o700)
         policy = tmp / "quiet.yaml"
         policy.write_text(POLICY)
-        ctl = subprocess.Popen(RX + ["--state-dir", str(state), "--hook-dir", str(hooks), "run", "--no-probes",
-                                     "--policy", str(policy), "--duration", "120"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               stdin=subprocess.DEVNULL)
+        ctl = spawn_cli("--state-dir", str(state), "--hook-dir", str(hooks), "run", "--no-probes", "--policy",
+                        str(policy), "--duration", "120", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                        stdin=subprocess.DEVNULL)
         while not (state / "audit.jsonl").exists() and ctl.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(2.5)                      # in the middle of its polls

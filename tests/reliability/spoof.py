@@ -43,10 +43,10 @@ import textwrap
 import time
 from pathlib import Path
 
+from conftest import run_cli
 from reliability.workloads import CHANGED_FACTOR, HOOK_SCRIPT, ORIGINAL_FACTOR
 
 NOBODY = 65534
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
 
 FAKE_SCRIPT = Path(__file__).resolve().parents[1] / "workloads" / "fake_hook_socket.py"
@@ -185,8 +185,7 @@ class Spoof:
         self.fake("in-writable-job-dir", other / "scratch2-0-{pid}.sock", signals_reply("scratch2"), "place")
 
     def rx(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(RX + ["--state-dir", str(self.base / "state"), "--hook-dir", str(self.hooks), *args],
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return run_cli("--state-dir", str(self.base / "state"), "--hook-dir", str(self.hooks), *args, timeout=timeout)
 
     def called(self) -> dict[str, list[str]]:
         """Forged sockets asked to call or undo a handler (by name: the requests' ops)."""

@@ -31,14 +31,12 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
+from conftest import run_cli, spawn_cli  # noqa: E402
 from reliability.workloads import QUIET as POLICY  # noqa: E402
-
-RX = [sys.executable, "-m", "reflexarc.controller.cli"]
 
 
 def _rx(state: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(RX + ["--state-dir", str(state), "--hook-dir", str(state.parent / "hooks"), *args],
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return run_cli("--state-dir", str(state), "--hook-dir", str(state.parent / "hooks"), *args, timeout=timeout)
 
 
 def _setup(tmp: Path, intent: dict) -> tuple[Path, Path]:
@@ -120,9 +118,9 @@ def hup_at_start(tmp: Path) -> list[str]:
     (tmp / "hooks").mkdir(mode=0o755, exist_ok=True)
     policy = tmp / "quiet.yaml"
     policy.write_text(POLICY)
-    proc = subprocess.Popen(RX + ["--state-dir", str(state), "--hook-dir", str(tmp / "hooks"), "run", "--no-probes",
-                                  "--policy", str(policy), "--duration", "3", "--interval", "0.2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    proc = spawn_cli("--state-dir", str(state), "--hook-dir", str(tmp / "hooks"), "run", "--no-probes", "--policy",
+                     str(policy), "--duration", "3", "--interval", "0.2", stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     # from the moment the program catches SIGHUP (before that, while the
     # interpreter itself starts, no program can): its first lines do
     deadline = time.monotonic() + 30

@@ -1,0 +1,6 @@
+"""``python -m reflexarc.controller.cli``: the ``reflexarc`` command."""
+import sys
+
+from .main import main
+
+sys.exit(main())
