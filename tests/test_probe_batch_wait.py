@@ -276,7 +276,7 @@ def test_new_epochs_keep_being_followed(probe, mode):
     steps = job.events("step")
     epochs = steps[-1]["epoch"]
     assert epochs >= 3, steps[-1]
-    workers = {e["pid"] for e in job.events("worker")}
+    workers = {pid for e in job.events("epoch") for pid in e["worker_pids"]}
     assert len(workers) == (2 if mode == "persistent" else 2 * epochs), workers
     # every epoch after the first has batches counted in an interval that ends after it began
     starts = [min(s["got"] for s in steps if s["epoch"] == k) for k in range(2, epochs + 1)]

@@ -17,8 +17,9 @@ and ``--shift-fds`` (an fd more held open before each epoch) makes sure of it.
 Stdout carries JSON lines, one object each, flushed:
 
 * ``{"event": "ready", "pid": ...}`` before the first epoch;
-* ``{"event": "worker", "pid": ..., "worker_id": ...}`` from each worker as it
-  starts (``worker_init_fn``);
+* ``{"event": "epoch", "epoch": k, "worker_pids": [...]}`` from the training
+  process as each epoch's iterator is made (the same pids every epoch with
+  ``--persistent``);
 * ``{"event": "step", "step": n, "epoch": k, "t": ..., "got": ..., "step_ms": ...,
   "wait_ms": ..., "setup_ms": ...}`` after every step. ``t`` is ``time.monotonic()`` at the end
   of the step and ``got`` when its batch was in hand (CLOCK_MONOTONIC: the
@@ -74,10 +75,6 @@ def say(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
 
-def announce_worker(worker_id: int) -> None:
-    say(event="worker", pid=os.getpid(), worker_id=worker_id)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--item-ms", type=float, default=20.0, help="sleep per item in the workers")
@@ -97,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     loader = DataLoader(SleepyDataset(args.epoch_items, args.item_ms), batch_size=args.batch,
-                        num_workers=args.workers, persistent_workers=args.persistent,
-                        worker_init_fn=announce_worker)
+                        num_workers=args.workers, persistent_workers=args.persistent)
     model = nn.Linear(FEATURES, CLASSES)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     loss_fn = nn.CrossEntropyLoss()
@@ -119,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                     held.append(os.open(os.devnull, os.O_RDONLY))
                 it = iter(loader)
                 setup += time.monotonic() - began_setup
+                say(event="epoch", epoch=epoch, worker_pids=[w.pid for w in getattr(it, "_workers", [])])
             try:
                 began_next = time.monotonic()
                 batch = next(it)
