@@ -49,8 +49,9 @@ def test_the_rule_repeats_the_policy_and_promtool_accepts_it(tmp_path):
 
 def test_a_policy_of_another_shape_is_refused_in_words(tmp_path):
     doc = yaml.safe_load(POLICY.read_text())
-    step = next(c for c in doc["policies"][0]["rules"][0]["when"]["all"] if c["signal"] == "step_time_ms")
-    step["window"] = "30s"
+    items = doc["policies"][0]["rules"][0]["when"]["all"]
+    step = next(i for i, c in enumerate(items) if c.get("change", {}).get("signal") == "step_time_ms")
+    items[step] = {"change": {"signal": "step_time_ms", "down": "0.7x"}}      # not a slowdown
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(ValueError, match="must be written again"):
         rule_of(tmp_path / "p.yaml")

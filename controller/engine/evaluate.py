@@ -162,6 +162,12 @@ def compile_expr(expr: Condition | Combo, index: dict[int, int]):
     return (expr.kind == "all", [compile_expr(item, index) for item in expr.items])
 
 
-def evidence_item(cond: Condition, text: str, value, threshold, baseline, ok: bool) -> dict:
-    return {"condition": text, "signal": cond.signal, "agg": cond.agg, "window": cond.window,
+def evidence_item(cond: Condition, text: str, value, threshold, baseline, ok: bool, extra=None) -> dict:
+    """One condition as evaluated; a change condition's value and threshold
+    are its CUSUM statistic and limit (in spreads), ``extra`` its change point
+    and shift."""
+    item = {"condition": text, "signal": cond.signal, "agg": cond.agg, "window": cond.window,
             "op": cond.op, "value": value, "threshold": threshold, "baseline": baseline, "ok": ok}
+    if extra:
+        item.update(extra)
+    return item

@@ -48,6 +48,7 @@ from reflexarc.core.outcomes import TAKEN, Outcome
 from ..policy.model import conditions_of
 from .decisions import (Act, ActiveChange, Adopt, Decisions, Evaluated, Keep, Limited, Refresh, Resolve, Revert,
                         Transitioned, render_evidence)
+from .changepoint import ChangeDetector
 from .evaluate import OPS, Baseline, compile_expr
 from .limits import Room
 from .targets import RuleTargets
@@ -132,7 +133,9 @@ class RuleRun:
         self._shown_when = tuple((i, conds[i], texts[i]) for i in self._when_idx)
         self._shown_verify = tuple((i, conds[i], texts[i]) for i in verify_idx)
         self._baselines = {i: Baseline(c.baseline_window, min_history) for i, c in enumerate(conds) if c.relative}
-        self._items: list[tuple | None] = [None] * len(conds)   # (value, threshold, baseline, ok) per condition
+        self._changes = {i: ChangeDetector(c.change, c.baseline_window, min_history)
+                         for i, c in enumerate(conds) if c.change is not None}
+        self._items: list[tuple | None] = [None] * len(conds)   # (value, threshold, baseline, ok[, extra]) each
         self.since = 0.0            # when the current state was entered
         self.breach_since = None    # first tick of the current breach
         self.clear_since = None     # first tick the condition was false after remediation
@@ -153,7 +156,8 @@ class RuleRun:
     # --- evidence ------------------------------------------------------------------
     @property
     def evidence(self) -> list[dict]:
-        """The ``when`` conditions as last evaluated: value, threshold, baseline, ok."""
+        """The ``when`` conditions as last evaluated: value, threshold, baseline, ok
+        (and, for a change condition, where the change began)."""
         return render_evidence(self._shown_when, self._items)
 
     @property
@@ -169,6 +173,10 @@ class RuleRun:
     # --- evaluation ---------------------------------------------------------------
     def _check(self, i: int, inputs, now: float) -> bool:
         cond = inputs[i].cond
+        if cond.change is not None:     # learns while the rule is healthy
+            item = self._changes[i].update(inputs[i].series, now, learning=self.state == "ok")
+            self._items[i] = item
+            return item[3]
         value = inputs[i].value(now)
         if cond.relative:
             baseline = self._baselines[i].median(now)

@@ -46,6 +46,7 @@ AGG_WORDS = {"p50": "the p50", "p90": "the p90", "p99": "the p99", "mean": "the 
 OP_WORDS = {">": "above", ">=": "at or above", "<": "below", "<=": "at or below", "==": "equal to",
             "!=": "not equal to"}
 UNITLESS = ("1", "ratio")
+PERIOD_NOUNS = {"s": "second", "m": "minute", "min": "minute", "h": "hour", "d": "day", "w": "week"}
 # What one value of a ``by`` label names; a label not listed names itself.
 LABEL_NOUNS = {"trainer": "training process", "pid": "process", "dev": "device", "qp": "queue pair",
                "iface": "interface", "netns": "network namespace", "gpu": "GPU", "numa_node": "NUMA node"}
@@ -86,8 +87,22 @@ def _unit(cond: Condition) -> str:
     return unit[1:] if unit.startswith("1/") else unit if unit == "%" else f" {unit}"
 
 
+def change(cond: Condition) -> str:
+    """A change condition in words, e.g. ``step_time_ms rises by 1.3x from its reference (...)``."""
+    spec = cond.change
+    verb = "rises" if spec.direction == "up" else "falls"
+    shift = f"to {spec.factor:g}x" if spec.factor is not None else f"by {spec.amount:g}{_unit(cond)}"
+    count, per = spec.text.split(", ")[-1].split("/")
+    per = PERIOD_NOUNS.get(per, per)
+    return (f"{cond.signal}{_matchers(cond.match)} {verb} {shift} its reference (the median of the last "
+            f"{format_duration(cond.baseline_window)} while healthy), seen by a CUSUM over each new point "
+            f"(at least 3 shifted points; about {count} false alarm(s) a {per} on a series that has not shifted)")
+
+
 def condition(cond: Condition) -> str:
     """One condition in words, e.g. ``the mean of step_time_ms over 60 s is above 2x its baseline (...)``."""
+    if cond.change is not None:
+        return change(cond)
     what = f"{AGG_WORDS[cond.agg]} of {cond.signal}{_matchers(cond.match)} over {format_duration(cond.window)}"
     if cond.relative:
         rhs = (f"{cond.threshold:g}x its baseline (the median of the last {format_duration(cond.baseline_window)} "

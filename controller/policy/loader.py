@@ -51,9 +51,11 @@ from reflexarc.core.yaml_reader import tag as _tag
 from ..signals.catalogue import CATALOGUE, SignalSpec, suggest
 from ..signals.producers import PROMQL, REQUIREMENTS
 from .diagnostics import PolicyError, errors
-from .model import (AGGREGATIONS, ALERTS_AT_STOP, MODES, ON_RESTART, OPERATORS, ROLLBACK_TRIGGERS, Action, Combo,
-                    Condition, Loc, Policy, RateLimit, Rollback, Rule, Selector, Verify)
-from .schema import IFNAMSIZ, NAME_PATTERN, PERCENTILES, RELATIVE_THRESHOLD_PATTERN, SECTIONS, TIME_THRESHOLD_PATTERN
+from .model import (AGGREGATIONS, ALERTS_AT_STOP, CHANGE_DIRECTIONS, CHANGE_FRESH_S, MODES, ON_RESTART, OPERATORS,
+                    ROLLBACK_TRIGGERS, Action, ChangeSpec, Combo, Condition, Loc, Policy, RateLimit, Rollback, Rule,
+                    Selector, Verify)
+from .schema import (FALSE_ALARMS_PATTERN, IFNAMSIZ, NAME_PATTERN, PERCENTILES, PERIODS_S, RELATIVE_THRESHOLD_PATTERN,
+                     SECTIONS, SHIFT_FACTOR_PATTERN, TIME_THRESHOLD_PATTERN)
 
 __all__ = ["Diagnostic", "PolicyError", "load_policies", "validate_paths"]
 
@@ -67,6 +69,9 @@ MAX_PID = 1 << 22        # the kernel's PID_MAX_LIMIT (64-bit)
 _NAME_RE = re.compile(NAME_PATTERN)
 _RELATIVE_RE = re.compile(RELATIVE_THRESHOLD_PATTERN)
 _TIME_RE = re.compile(TIME_THRESHOLD_PATTERN)
+_FACTOR_RE = re.compile(SHIFT_FACTOR_PATTERN)
+_FALSE_ALARMS_RE = re.compile(FALSE_ALARMS_PATTERN)
+DEFAULT_FALSE_ALARMS = "1/day"
 TIME_UNITS_US = {"us": 1, "ms": 1000, "s": 10**6, "m": 60 * 10**6, "h": 3600 * 10**6}   # microseconds in each
 
 
@@ -479,6 +484,8 @@ class _FileReader(YamlReader):
             keys = {k.value for k, _ in node.value if isinstance(k, ScalarNode)}
             if keys & {"all", "any"}:
                 return self._combo(node, selector_labels, depth)
+            if "change" in keys:
+                return self._change(node, selector_labels)
         return self._condition(node, selector_labels)
 
     def _combo(self, node: MappingNode, selector_labels: set[str], depth: int) -> Combo | None:
@@ -528,6 +535,100 @@ class _FileReader(YamlReader):
         if spec is not None:
             self._check_aggregation(fields, cond, spec, selector_labels)
         return cond
+
+    def _change(self, node: Node, selector_labels: set[str]) -> Condition | None:
+        """``{change: {signal, up|down, false_alarms, baseline, match}}``."""
+        outer = self._mapping(node, "change_item", "a change condition")
+        if not outer or "change" not in outer:
+            return None
+        inner = outer["change"][1]
+        fields = self._mapping(inner, "change", "'change'")
+        if fields is None:
+            return None
+        cond = Condition(signal=None, agg="change", window=CHANGE_FRESH_S, op=">", threshold=None,
+                         loc=self.loc(inner))
+        spec: SignalSpec | None = None
+        if "signal" in fields:
+            at = fields["signal"][1]
+            cond.signal = self.string(at, "'signal'")
+            if cond.signal is not None and cond.signal not in CATALOGUE:
+                self.error(at, f"unknown signal '{cond.signal}'{_hint(cond.signal, CATALOGUE)}")
+            spec = CATALOGUE.get(cond.signal)
+            if spec is not None and spec.kind != "gauge":
+                self.error(at, f"'change' needs a gauge; '{spec.name}' is a {spec.kind}, which only grows: "
+                               f"use a condition on its rate instead")
+        if "match" in fields:
+            labels = spec.labels if spec else None
+            match = self._matchers(fields["match"][1], "'match'", labels, f"signal '{cond.signal}'")
+            cond.match = {label: text for label, (text, _) in match.items()}
+        if "baseline" in fields:
+            cond.baseline_window = self.duration(fields["baseline"][1], "'baseline'", positive=True)
+        directions = [d for d in CHANGE_DIRECTIONS if d in fields]
+        if len(directions) != 1:
+            self.error(inner, "'change' needs exactly one of 'up' or 'down': the shift to detect "
+                              "(e.g. up: 1.3x)")
+            return cond
+        direction = directions[0]
+        shift = self._shift(fields[direction][1], direction, spec)
+        alarms_node = fields["false_alarms"][1] if "false_alarms" in fields else None
+        alarms, alarms_text = self._false_alarms(alarms_node)
+        if shift is None or alarms is None:
+            return cond
+        factor, amount, shown = shift
+        cond.change = ChangeSpec(direction, factor, amount, alarms, f"{direction} {shown}, {alarms_text}")
+        return cond
+
+    def _shift(self, node: Node, direction: str, spec: SignalSpec | None):
+        """(factor, amount, as written) of ``up``/``down``; None after an error."""
+        example = f"'{direction}' takes a factor of the reference (e.g. {'1.3x' if direction == 'up' else '0.7x'}) " \
+                  f"or an amount in the signal's unit (a number, or a duration for a time signal)"
+        tag = _tag(node)
+        if tag in ("int", "float"):
+            amount = self.number(node, f"'{direction}'")
+            if amount is not None and not amount > 0:
+                self.error(node, f"bad '{direction}' {_shown(node)}: an amount must be greater than 0")
+                return None
+            return None if amount is None else (None, amount, f"{amount:g}")
+        text = node.value if tag == "str" else ""
+        factor = _FACTOR_RE.match(text)
+        if factor is not None:
+            f = float(factor.group(1))
+            if direction == "up" and not f > 1:
+                self.error(node, f"bad 'up' '{text}': a rise is a factor above 1 (e.g. 1.3x)")
+                return None
+            if direction == "down" and not 0 < f < 1:
+                self.error(node, f"bad 'down' '{text}': a fall is a factor between 0 and 1 (e.g. 0.7x)")
+                return None
+            return f, None, f"{f:g}x"
+        timed = _TIME_RE.match(text)
+        if timed is not None and spec is not None:
+            probe = Condition(signal=spec.name, agg="change", window=0.0, op=">", threshold=None)
+            self._time_threshold(node, probe, spec, timed)
+            if probe.threshold is None:
+                return None
+            if not probe.threshold > 0:
+                self.error(node, f"bad '{direction}' '{text}': an amount must be greater than 0")
+                return None
+            return None, probe.threshold, text.strip()
+        if timed is not None:
+            return None                   # no signal, or an unknown one: said where it is named
+        shown = f"'{text}'" if tag == "str" else _kind(node)
+        self.error(node, f"bad '{direction}' {shown}: {example}")
+        return None
+
+    def _false_alarms(self, node: Node | None) -> tuple[float | None, str]:
+        """Per second, and as written: ``1/day`` -> 1/86400."""
+        if node is None:
+            text = DEFAULT_FALSE_ALARMS
+        else:
+            text = node.value if _tag(node) == "str" else ""
+        m = _FALSE_ALARMS_RE.match(text)
+        if m is None or not float(m.group(1)) > 0:
+            shown = f"'{text}'" if text else _kind(node)
+            self.error(node, f"bad 'false_alarms' {shown}: write '<n>/<period>' with n > 0 and period one of "
+                             f"{', '.join(PERIODS_S)} (e.g. '1/day')")
+            return None, text
+        return float(m.group(1)) / PERIODS_S[m.group(2)], f"{m.group(1)}/{m.group(2)}"
 
     def _threshold(self, node: Node, cond: Condition, spec: SignalSpec | None) -> None:
         example = "use a number (e.g. 200), a duration for a time signal (e.g. '5ms') or '<factor>x baseline' " \

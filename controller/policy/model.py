@@ -36,10 +36,31 @@ class Loc:
         return f"{self.file}:{self.line}:{self.col}"
 
 
+CHANGE_DIRECTIONS = ("up", "down")
+CHANGE_FRESH_S = 30.0        # a change condition's target is live while a point is this recent
+
+
+@dataclass(frozen=True)
+class ChangeSpec:
+    """``change: {signal, up|down: shift, false_alarms: n/period}``: the signal
+    has shifted from its learned reference by at least ``factor`` times it
+    (``1.3x``) or by ``amount`` in its unit (``50ms``), detected by a CUSUM
+    whose threshold gives about ``false_alarms`` alarms per second on a series
+    that has not shifted (``engine/changepoint.py``)."""
+
+    direction: str               # "up" | "down"
+    factor: float | None         # 1.3 for "up: 1.3x"; 0.7 for "down: 0.7x"
+    amount: float | None         # an absolute shift in the signal's unit, for a reference near zero
+    false_alarms: float          # per second and target
+    text: str                    # as written: "up 1.3x, 1/day"
+
+
 @dataclass
 class Condition:
     """``agg(signal{match}[window]) op threshold`` where the threshold is either
-    absolute or ``factor`` times a learned baseline."""
+    absolute or ``factor`` times a learned baseline; or, with ``change``, a
+    change point of the signal against its learned reference (``agg`` is
+    ``"change"``, ``window`` how recent a point keeps the target live)."""
 
     signal: str
     agg: str
@@ -49,10 +70,13 @@ class Condition:
     relative: bool = False       # threshold is "<factor>x baseline"
     match: dict = field(default_factory=dict)
     baseline_window: float = 600.0   # seconds of healthy history the baseline is the median of
+    change: ChangeSpec | None = None
     loc: Loc | None = None
 
     def describe(self) -> str:
         sel = ",".join(f'{k}="{v}"' for k, v in sorted(self.match.items()))
+        if self.change is not None:
+            return f"change({self.signal}{{{sel}}}) {self.change.text}"
         rhs = f"{self.threshold:g}x baseline" if self.relative else f"{self.threshold:g}"
         return f"{self.agg}({self.signal}{{{sel}}}[{self.window:g}s]) {self.op} {rhs}"
 
@@ -182,3 +206,18 @@ def conditions_of(expr: Condition | Combo | None) -> list[Condition]:
     if expr is None:
         return []
     return expr.conditions() if isinstance(expr, Combo) else [expr]
+
+
+def change_words(item: dict, number) -> str:
+    """A change condition's evidence item in words, numbers through ``number``:
+    ``rose 2.04x from 200 (CUSUM 3.1, fires above 1.2)``, ``no shift from 200``,
+    or ``learning its reference``."""
+    if item.get("value") is None:
+        return "learning its reference"
+    base, shift, relative = item.get("baseline"), item.get("shift"), "x," in (item.get("condition") or "")
+    cusum = f"(CUSUM {number(item['value'])}, fires above {number(item.get('threshold'))})"
+    if shift is None:
+        return f"no shift from {number(base)} {cusum}"
+    rose = shift > 1 if relative else shift > 0
+    amount = f"{shift:.2f}x" if relative else f"by {number(abs(shift))}"
+    return f"{'rose' if rose else 'fell'} {amount} from {number(base)} {cusum}"

@@ -42,6 +42,10 @@ from .model import AGGREGATIONS, ALERTS_AT_STOP, MODES, ON_RESTART, OPERATORS, R
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
 RELATIVE_THRESHOLD_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*x\s*baseline\s*$"
+SHIFT_FACTOR_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*x\s*$"                # change: {up: 1.3x}
+PERIODS_S = {"s": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600,
+             "d": 86400, "day": 86400, "w": 604800, "week": 604800}
+FALSE_ALARMS_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(" + "|".join(PERIODS_S) + r")\s*$"   # "1/day"
 TIME_THRESHOLD_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(us|ms|s|m|h)\s*$"   # of a time signal, in its unit
 CPU_LIST_PATTERN = r"^\s*(?:[0-9]+\s*(?:-\s*[0-9]+\s*)?(?:,\s*[0-9]+\s*(?:-\s*[0-9]+\s*)?)*)?$"   # "0-3,8"
 POSITIVE_DURATION_PATTERN = "^(?=.*[1-9])" + DURATION_PATTERN[1:]
@@ -120,6 +124,19 @@ SECTIONS: dict[str, Section] = {
                      "'3x baseline') relative to the median of the signal's healthy history.",
         "baseline": f"Healthy history the baseline is the median of (default 10m), {DURATION_EXAMPLES}.",
     }, required=("signal", "agg", "window", "op", "threshold")),
+    "change": Section({
+        "signal": "Name of a catalogued gauge signal.",
+        "match": "Label matchers on the signal's own labels, as in a condition.",
+        "up": "The rise to detect: '<factor>x' of the learned reference (e.g. '1.3x'), or an amount in the "
+              "signal's unit (for a time signal a duration such as '50ms'). Exactly one of up, down.",
+        "down": "The fall to detect: '<factor>x' below 1 (e.g. '0.7x'), or an amount in the signal's unit.",
+        "false_alarms": "How often it may fire on a signal that has not shifted, per target: '<n>/<period>' "
+                        "with period s, min, h, day or week (default '1/day'). Sets the CUSUM's threshold.",
+        "baseline": f"Healthy history the reference is learned from (default 10m), {DURATION_EXAMPLES}.",
+    }, required=("signal",)),
+    "change_item": Section({
+        "change": "A change point: the signal shifted from its learned reference (CUSUM; docs/policies.md).",
+    }, required=("change",)),
     "combo": Section({
         "all": "Holds when every item holds.",
         "any": "Holds when at least one item holds.",
@@ -276,13 +293,29 @@ def _condition() -> dict:
     return condition
 
 
+def _change() -> dict:
+    shift = {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string", "pattern": SHIFT_FACTOR_PATTERN},
+                       {"type": "string", "pattern": TIME_THRESHOLD_PATTERN}]}
+    change = _closed("change", {
+        "signal": {"enum": [name for name, spec in CATALOGUE.items() if spec.kind == "gauge"]},
+        "match": _matchers(None),
+        "up": shift,
+        "down": shift,
+        "false_alarms": {"type": "string", "pattern": FALSE_ALARMS_PATTERN},
+        "baseline": _duration(positive=True),
+    }, "change(signal{match}) up|down shift, false_alarms.")
+    change["anyOf"] = [{"required": ["up"]}, {"required": ["down"]}]
+    change["not"] = {"required": ["up", "down"]}
+    return _closed("change_item", {"change": change}, "A change-point condition.")
+
+
 def _when() -> dict:
     items = {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/when"}}
     combo = _closed("combo", {"all": items, "any": items}, "A combination of conditions: exactly one of all, any.")
     combo["minProperties"] = 1
     combo["maxProperties"] = 1
-    return {"description": "A condition, or {all: [...]} / {any: [...]} of them.",
-            "anyOf": [{"$ref": "#/$defs/condition"}, combo]}
+    return {"description": "A condition, a change-point condition, or {all: [...]} / {any: [...]} of them.",
+            "anyOf": [{"$ref": "#/$defs/condition"}, {"$ref": "#/$defs/change"}, combo]}
 
 
 ALERTS_ONLY = {"type": "object", "required": ["alerts"], "maxProperties": 1}   # rollback: {alerts: ...}
@@ -377,6 +410,7 @@ def build_schema() -> dict:
             "rule": _rule(),
             "when": _when(),
             "condition": _condition(),
+            "change": _change(),
             "action": _action(),
             "rollback": _rollback(),
         },

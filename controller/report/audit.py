@@ -113,12 +113,16 @@ class Series:
     value: array = field(default_factory=lambda: array("d"))
     threshold: array = field(default_factory=lambda: array("d"))
     baseline: array = field(default_factory=lambda: array("d"))
+    change_points: set = field(default_factory=set)   # a change condition's: where each shift began
 
     def add(self, ts: float, item: dict) -> None:
         self.ts.append(ts)
         self.value.append(_number(item.get("value")))
         self.threshold.append(_number(item.get("threshold")))
         self.baseline.append(_number(item.get("baseline")))
+        at = item.get("change_at")
+        if isinstance(at, (int, float)) and math.isfinite(at):
+            self.change_points.add(float(at))
 
     def gap(self, ts: float) -> None:
         """The condition is not evaluated from ``ts`` on (a verify condition once

@@ -26,6 +26,8 @@ import json
 import math
 from datetime import datetime, timezone
 
+from ..policy.model import change_words
+
 FULL_CONTEXT_LINES = 40
 INDENT = 2
 INLINE_LIST_CHARS = 80
@@ -196,11 +198,14 @@ def evidence_text(item: dict) -> str:
     get = item.get
     cond = get("condition") or get("signal") or "?"
     value, threshold, baseline, ok = get("value"), get("threshold"), get("baseline"), get("ok")
-    text = f"{cond}: {'no data' if value is None else number(value)}"
-    if threshold is not None:
-        text += f" vs {number(threshold)}"
-    if baseline is not None:
-        text += f" (baseline {number(baseline)})"
+    if get("agg") == "change":
+        text = f"{cond}: {change_words(item, number)}"
+    else:
+        text = f"{cond}: {'no data' if value is None else number(value)}"
+        if threshold is not None:
+            text += f" vs {number(threshold)}"
+        if baseline is not None:
+            text += f" (baseline {number(baseline)})"
     if ok is True:
         text += " holds"
     elif ok is False:

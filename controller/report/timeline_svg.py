@@ -86,6 +86,8 @@ def unit_of(series: Series) -> str:
     unit = spec.unit if spec else ""
     if series.agg == "count":
         return "samples"
+    if series.agg == "change":
+        return "CUSUM, spreads"
     if series.agg == "rate":
         return "/s" if unit in ("1", "") else f"{unit}/s"
     return "count" if unit == "1" else unit
@@ -306,7 +308,9 @@ class Timeline:
 
     def _panel(self, series: Series, top: float) -> list[str]:
         ts = list(series.ts)
-        columns = {name: list(getattr(series, name)) for name in ("value", "threshold", "baseline")}
+        # a change condition's reference is in the signal's unit, its statistic and limit in spreads: not drawn
+        lines = ("value", "threshold") if series.agg == "change" else ("value", "threshold", "baseline")
+        columns = {name: list(getattr(series, name)) for name in lines}
         if any(b < a for a, b in zip(ts, ts[1:])):       # a wall clock that stepped back
             order = sorted(range(len(ts)), key=ts.__getitem__)
             ts = [ts[i] for i in order]
@@ -328,11 +332,20 @@ class Timeline:
                          f"{escape(number(tick))}</text>")
         for name, colour, dash, width in (("baseline", BASELINE_COLOUR, "2 3", 1.2),
                                           ("threshold", THRESHOLD_COLOUR, "6 4", 1.5)):
+            if name not in columns:
+                continue
             ct, cv = change_points(ts, columns[name])
             d = self._path(step_segments(ct, cv, self.t0, self.t1, buckets, self.until), y)
             if d:
                 parts.append(f'<path class="{name}" d="{d}" fill="none" stroke="{colour}" '
                              f'stroke-width="{width}" stroke-dasharray="{dash}"/>')
+        for at in sorted(series.change_points):
+            if self.t0 <= at <= self.t1:
+                x = self.x(at)
+                parts.append(f'<g class="change-point"><title>change point: {escape(self.clock.at(at))}</title>'
+                             f'<line x1="{x:.1f}" y1="{plot_top}" x2="{x:.1f}" y2="{plot_top + PANEL_H}" '
+                             f'stroke="{THRESHOLD_COLOUR}" stroke-width="1.2"/>'
+                             f'<text x="{x + 3:.1f}" y="{plot_top + 11}" fill="{THRESHOLD_COLOUR}">change</text></g>')
         values = columns["value"]
         d = self._path(step_segments(ts, values, self.t0, self.t1, buckets, self.until), y)
         if d:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from reflexarc.core.outcomes import Outcome
 
+from ..policy.model import change_words
 from .detail import Detail
 from .fmt import Clock, Part, code, duration, name_of, number, plural, says, span
 from .incidents import BAD, DRY, GOOD, IncidentLog
@@ -181,6 +182,8 @@ def _node(text: str, item: dict | None) -> Node:
     node = Node(text=text, mark=mark, glyph=glyph)
     if item is None:
         node.missing = "not evaluated"
+    elif item.get("agg") == "change":
+        node.against = change_words(item, number)
     elif item.get("value") is None:
         node.missing = "no data"
     else:

@@ -49,6 +49,8 @@ from datetime import datetime, timezone
 
 from reflexarc.core.outcomes import Outcome
 
+from ..policy.model import change_words
+
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 LOGGER = "reflexarc.events"         # the ``logger`` of events in JSON
@@ -82,6 +84,8 @@ def evidence_text(item) -> str:
     if not isinstance(item, dict):
         return str(item)
     signal = item.get("signal") or item.get("condition") or "?"
+    if item.get("agg") == "change":
+        return f"{signal} {change_words(item, _number)}"
     if item.get("value") is None:
         return f"{signal} no data"
     op = item.get("op") or "?"

@@ -5,7 +5,9 @@ that runs a script applying the same action (``reflexarc act``), at the
 pipeline's interval settings (``SETTINGS``).
 
 The rule is the shipped policy's rule in PromQL (``rule_of``, ``rules_yaml``),
-for fault a (``nccl-congestion-dscp``)::
+for fault a (``nccl-congestion-dscp``); its step-time change point
+(``up: 1.3x``) becomes a fixed factor of the healthy median with a ``for``
+(``PROMQL_FOR_S``), as a Prometheus user would write it::
 
     max(max_over_time(reflexarc_link_utilization_ratio{iface=I,netns=N,traffic="other"}[W])) > 0.2
       and on() max(max_over_time(reflexarc_step_time_seconds{job=J}[W])) > 1.3 * BASE
@@ -96,6 +98,12 @@ def _go(seconds: float) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
+# PromQL has no change points: its rule compares the step time with a fixed
+# factor of the healthy median, and needs a ``for`` so that one slow step (an
+# epoch turn) does not fire it: the 5 s the policy had before its change point.
+PROMQL_FOR_S = 5.0
+
+
 @dataclass(frozen=True)
 class Rule:
     """The numbers of the policy's rule that the PromQL rule repeats."""
@@ -106,6 +114,7 @@ class Rule:
     step_factor: float
     action: dict = field(hash=False)
     job_pct: float = 0.0     # the share of the link the job's own traffic must exceed
+    policy_for_s: float = 0.0    # the policy's own ``for`` (none beside a change point)
 
 
 def rule_of(policy_file: Path, policy: str = "nccl-congestion-dscp") -> Rule:
@@ -115,15 +124,21 @@ def rule_of(policy_file: Path, policy: str = "nccl-congestion-dscp") -> Rule:
     no longer has that shape."""
     doc = yaml.safe_load(Path(policy_file).read_text())
     rule = next(p for p in doc["policies"] if p["name"] == policy)["rules"][0]
-    conds = {(c["signal"], (c.get("match") or {}).get("traffic")): c for c in rule["when"]["all"]}
-    util, step = conds.get(("link_utilization_pct", "other")), conds.get(("step_time_ms", None))
-    own = conds.get(("link_utilization_pct", "job"))
-    if not (util and step and util["window"] == step["window"] and str(step["threshold"]).endswith("x baseline")):
-        raise ValueError(f"{policy_file}: {policy}'s rule is no longer 'link share and step time over one "
-                         "window'; the PromQL rule must be written again")
+    items = rule["when"]["all"]
+    conds = {(c["signal"], (c.get("match") or {}).get("traffic")): c for c in items if "signal" in c}
+    util, own = conds.get(("link_utilization_pct", "other")), conds.get(("link_utilization_pct", "job"))
+    step = conds.get(("step_time_ms", None))
+    change = next((c["change"] for c in items if c.get("change", {}).get("signal") == "step_time_ms"), None)
+    if step and util and step["window"] == util["window"] and str(step["threshold"]).endswith("x baseline"):
+        factor, for_s = float(str(step["threshold"]).split("x")[0]), parse_duration(rule.get("for", 0))
+    elif change and util and str(change.get("up", "")).endswith("x"):
+        factor, for_s = float(str(change["up"]).rstrip("x")), PROMQL_FOR_S
+    else:
+        raise ValueError(f"{policy_file}: {policy}'s rule is no longer 'link share and step time (over one "
+                         "window, or a change point)'; the PromQL rule must be written again")
     action = next(a for a in rule["actions"] if a["actuator"] == "dscp")["params"]
-    return Rule(policy, parse_duration(rule["for"]), parse_duration(util["window"]), float(util["threshold"]),
-                float(str(step["threshold"]).split("x")[0]), action, float(own["threshold"]) if own else 0.0)
+    return Rule(policy, for_s, parse_duration(util["window"]), float(util["threshold"]), factor, action,
+                float(own["threshold"]) if own else 0.0, parse_duration(rule.get("for", 0)))
 
 
 def rules_yaml(rule: Rule, setting: Setting, *, iface: str, netns: str, job: str, base_step_s: float,
