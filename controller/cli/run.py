@@ -182,7 +182,9 @@ def cmd_run(args) -> int:
             logging.getLogger("reflexarc.probes").info("%s: %s", name, status)
         config.deep_tier = manager
         registry.discard("deep_tracing")     # built without the deep tier if the reconcile used it
-        sources.append(ProbeSource(manager, hook_dir=str(hook_dir) if hook_dir.is_dir() else None, bus=bus))
+        from reflexarc.bpf.device_locality import DeviceLocality
+        sources.append(ProbeSource(manager, hook_dir=str(hook_dir) if hook_dir.is_dir() else None, bus=bus,
+                                   locality=DeviceLocality(proc_root=args.proc_root, sys_root=args.sys_root)))
     ctl = Controller(policies, bus, registry, clock, mode_override=override, metrics=metrics,
                      journal=journal, audit=AuditLog(audit_path, clock, evals="sampled", sample_every=args.audit_sample,
                                                     max_bytes=int(args.audit_max_mb * (1 << 20)),

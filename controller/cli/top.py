@@ -11,15 +11,20 @@ the script's pid as ``trainer``, which is what the probes call a training
 process), keeps the latest value of every series, and prints them in the manner
 of bcc's interval tools (``biolatency 1``, ``runqlat 1``)::
 
-    12:00:01  2 training processes, 9 series
+    12:00:01  2 training processes, 13 series
     job llama (pod 1b2c3d4e-...)
       trainer 4242 (rank 0, python)
+        locality: nvidia1 remote (node 1; CPUs on node 0)
         step_time_ms                                          182  ms     0.2 s ago
         dataloader_batch_wait_ms                             12.3  ms     0.2 s ago
         step_pre_collective_ms                                 40  ms     0.2 s ago
         dataloader_read_latency_us{quantile=0.99}  pid=4250   812  us     0.9 s ago
     node
         link_utilization_pct{iface=eth0,traffic=other}         45  %      0.9 s ago
+
+The ``locality`` line sums up ``device_numa_local_ratio``
+(``bpf/device_locality.py``) for the training process: each device it uses
+that is not wholly on the NUMA node of its CPUs, or ``all local``.
 
 followed by the most recent discrete probe events (cross-NUMA migrations), e.g.::
 
@@ -47,7 +52,8 @@ Example::
     print(view.render(now))
 
 Overhead: the light probe tier, one Unix-socket request per training script
-per interval, a ``stat`` per distinct process in the table, and one print.
+per interval, the device-locality reads every 30 s, a ``stat`` per distinct
+process in the table, and one print.
 """
 from __future__ import annotations
 
@@ -57,6 +63,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from reflexarc.bpf.device_locality import KINDS as DEVICE_KINDS
+from reflexarc.bpf.device_locality import LOCALITY, DeviceLocality
 
 from ..signals.catalogue import CATALOGUE
 from .shared import CliError, _ask, _load_policies, _selection
@@ -236,10 +245,41 @@ class TopView:
                     comm = self.processes.comm(_pid(process)) if _pid(process) is not None else ""
                     about = ", ".join(([f"rank {'/'.join(ranks)}"] if ranks else []) + ([comm] if comm else []))
                     lines.append(f"  trainer {process}" + (f" ({about})" if about else ""))
+                    locality = [r for r in rows if r[0] == LOCALITY.name]
+                    if locality:
+                        lines.append(f"    {locality_line(locality)}")
+                        rows = [r for r in rows if r[0] != LOCALITY.name]
                 elif len(processes) > 1:
                     lines.append("  other targets")
-                lines += _rows(rows, now)
+                if rows:
+                    lines += _rows(rows, now)
         return "\n".join(lines)
+
+
+def locality_line(rows: list[tuple[str, dict, Point]]) -> str:
+    """A training process's ``device_numa_local_ratio`` rows in one line: each
+    device not wholly local (``nvidia1 remote (node 1; CPUs on node 0)``,
+    ``eth1 50% local (...)``), or ``all local``; of a device's series (one per
+    set of CPU nodes) the newest counts."""
+    newest: dict[str, tuple[dict, Point]] = {}
+    for _, labels, point in rows:
+        dev = labels.get("dev", "")
+        if dev not in newest or point.ts > newest[dev][1].ts:
+            newest[dev] = (labels, point)
+    remote = []
+    for dev, (labels, point) in sorted(newest.items(), key=lambda item: (_kind_order(item[1][0]), item[0])):
+        if point.value >= 1.0:
+            continue
+        share = "remote" if point.value <= 0.0 else f"{point.value:.0%} local"
+        cpu_nodes = labels.get("cpu_nodes", "?")
+        nodes = f"node{'s' if ',' in cpu_nodes else ''} {cpu_nodes}"
+        remote.append(f"{dev} {share} (node {labels.get('numa_node', '?')}; CPUs on {nodes})")
+    return "locality: " + (", ".join(remote) if remote else "all local")
+
+
+def _kind_order(labels: dict) -> int:
+    kind = labels.get("kind", "")
+    return DEVICE_KINDS.index(kind) if kind in DEVICE_KINDS else len(DEVICE_KINDS)
 
 
 def _pid(value) -> int | None:
@@ -302,7 +342,8 @@ def run_top(selection=None, interval: float = 1.0, count: int | None = None, hoo
 
         from ..sources.readers import ProbeSource
         manager = ProbeManager(selection, interval=interval, sys_root=sys_root)
-        sources.append(ProbeSource(manager, refresh_every=0.0, hook_dir=hook_dir))
+        sources.append(ProbeSource(manager, refresh_every=0.0, hook_dir=hook_dir,
+                                   locality=DeviceLocality(proc_root=proc_root, sys_root=sys_root)))
         statuses = manager.start()
         down = [f"{n}: {s}" for n, s in statuses.items() if s.state != "ok"]
     view = TopView(proc_root=proc_root, stale_after=max(STALE_AFTER, 10 * interval))

@@ -137,14 +137,16 @@ class ChangeDetector:
 
     def _new_points(self, series: list[Series], now: float) -> list[tuple[float, float]]:
         out: list[tuple[float, float]] = []
-        seen = self._seen
+        seen, kept = self._seen, {}           # only the series the target still reads are remembered
         for s in series:
             after = seen.get(id(s), -math.inf)
             lo = bisect.bisect_right(s.ts, after)
             hi = bisect.bisect_right(s.ts, now)
             if lo < hi:
                 out.extend(zip(s.ts[lo:hi], s.vs[lo:hi]))
-                seen[id(s)] = s.ts[hi - 1]
+                after = s.ts[hi - 1]
+            kept[id(s)] = after
+        self._seen = kept
         if len(series) > 1:
             out.sort()
         return out

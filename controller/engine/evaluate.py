@@ -56,6 +56,26 @@ def _increase(vs: list[float], counter: bool) -> float:
     return total
 
 
+def _slope(windows: list[tuple[Series, int, int]]) -> float | None:
+    """The trend per minute: each series' least-squares slope over its points
+    in the window, averaged weighted by their points (several GPUs of a job at
+    different levels trend together without their levels mixing); None
+    without a series of two points at distinct times."""
+    total, weight = 0.0, 0
+    for s, lo, hi in windows:
+        n = hi - lo
+        if n < 2:
+            continue
+        ts, vs = s.ts[lo:hi], s.vs[lo:hi]
+        mt, mv = sum(ts) / n, sum(vs) / n
+        var = sum((t - mt) ** 2 for t in ts)
+        if var <= 0:
+            continue
+        total += n * sum((t - mt) * (v - mv) for t, v in zip(ts, vs)) / var
+        weight += n
+    return total / weight * 60.0 if weight else None
+
+
 def aggregate(agg: str, windows: list[tuple[Series, int, int]], counter: bool) -> float | None:
     """Aggregate the points ``s.vs[lo:hi]`` of several series; None when there is no data."""
     if not windows:
@@ -76,6 +96,8 @@ def aggregate(agg: str, windows: list[tuple[Series, int, int]], counter: bool) -
             values.extend(s.vs[lo:hi])
         values.sort()
         return quantile(values, QUANTILES[agg], presorted=True)
+    if agg == "slope":
+        return _slope(windows)
     if agg in ("rate", "delta"):
         usable = [(s, lo, hi) for s, lo, hi in windows if hi - lo >= 2]
         if not usable:

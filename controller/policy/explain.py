@@ -42,7 +42,7 @@ from .readiness import CatalogueFacts, findings
 WIDTH = 100
 AGG_WORDS = {"p50": "the p50", "p90": "the p90", "p99": "the p99", "mean": "the mean", "max": "the max",
              "min": "the min", "last": "the last value", "rate": "the rate per second",
-             "count": "the number of samples", "delta": "the increase"}
+             "count": "the number of samples", "delta": "the increase", "slope": "the trend per minute"}
 OP_WORDS = {">": "above", ">=": "at or above", "<": "below", "<=": "at or below", "==": "equal to",
             "!=": "not equal to"}
 UNITLESS = ("1", "ratio")
@@ -82,6 +82,8 @@ def _unit(cond: Condition) -> str:
         return ""
     if cond.agg == "rate":
         return "/s" if unit in UNITLESS else f" {unit}/s"
+    if cond.agg == "slope":
+        return "/min" if unit in UNITLESS else f" {unit}/min"
     if unit in UNITLESS:
         return ""
     return unit[1:] if unit.startswith("1/") else unit if unit == "%" else f" {unit}"

@@ -662,7 +662,7 @@ class _FileReader(YamlReader):
             self.error(node, f"threshold '{node.value}' is a duration, but signal '{spec.name}' is not a time "
                              f"(its unit is '{spec.unit}'): write a number in its unit")
             return
-        if cond.agg in ("rate", "count"):
+        if cond.agg in ("rate", "count", "slope"):
             self.error(node, f"threshold '{node.value}' is a duration, but the {cond.agg} of '{spec.name}' is "
                              f"not a time: write a number")
             return
@@ -671,6 +671,9 @@ class _FileReader(YamlReader):
 
     def _check_aggregation(self, fields: dict, cond: Condition, spec: SignalSpec, selector_labels: set[str]) -> None:
         at = fields["agg"][1] if "agg" in fields else fields["signal"][1]
+        if cond.agg == "slope" and spec.kind == "counter":
+            self.warn(at, f"'slope' of counter '{spec.name}' is how fast its rate changes; "
+                          f"for how fast it grows use rate")
         if cond.agg in ("rate", "delta") and spec.kind == "gauge":
             self.warn(at, f"'{cond.agg}' of gauge '{spec.name}' measures how fast a level changes; "
                           f"for the level itself use max, mean or a percentile")

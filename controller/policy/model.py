@@ -19,7 +19,7 @@ import fnmatch
 from dataclasses import dataclass, field
 
 MODES = ("dry-run", "alert-only", "enforce")
-AGGREGATIONS = ("p50", "p90", "p99", "mean", "max", "min", "last", "rate", "count", "delta")
+AGGREGATIONS = ("p50", "p90", "p99", "mean", "max", "min", "last", "rate", "count", "delta", "slope")
 OPERATORS = (">", ">=", "<", "<=", "==", "!=")
 ROLLBACK_TRIGGERS = ("verify-failed", "clear", "ttl", "shutdown")
 ON_RESTART = ("revert", "adopt")

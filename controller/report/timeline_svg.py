@@ -88,6 +88,8 @@ def unit_of(series: Series) -> str:
         return "samples"
     if series.agg == "change":
         return "CUSUM, spreads"
+    if series.agg == "slope":
+        return "/min" if unit in ("1", "") else f"{unit}/min"
     if series.agg == "rate":
         return "/s" if unit in ("1", "") else f"{unit}/s"
     return "count" if unit == "1" else unit

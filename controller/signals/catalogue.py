@@ -24,9 +24,11 @@ from collections.abc import Iterable
 
 from reflexarc.actuators.hooks import SIGNALS as HOOK_SIGNALS
 from reflexarc.bpf import catalog
+from reflexarc.bpf.device_locality import LOCALITY
+from reflexarc.bpf.device_locality import SKIPPED as LOCALITY_SKIPPED
 from reflexarc.core.signals import SignalSpec, suggest
 
-from .producers import HOOKS, NVML, PROBE, PROMQL, NodeFacts, Producer
+from .producers import HOOKS, NVML, POLLER, PROBE, PROMQL, NodeFacts, Producer
 
 __all__ = ["CATALOGUE", "EXTERNAL", "PRODUCERS", "SignalSpec", "UnknownSignal", "assemble", "producers_of",
            "suggest", "why_unproduced"]
@@ -43,6 +45,10 @@ EXTERNAL: tuple[tuple[SignalSpec, tuple[Producer, ...]], ...] = (
                 "A rank's time before the collective over the median of its job's ranks (PromQL over every "
                 "rank's step_pre_collective_ms)"),
      (Producer(PROMQL),)),
+    # The device-locality poller: no probe but a reader of /proc and sysfs that the
+    # probe source runs beside the probes (controller/sources/readers.py).
+    (LOCALITY, (Producer(POLLER, "device_locality"),)),
+    (LOCALITY_SKIPPED, (Producer(POLLER, "device_locality"),)),
 )
 
 

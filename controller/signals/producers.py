@@ -2,12 +2,14 @@
 this node: a shipped policy whose signal nothing here emits would wait forever.
 
 A signal's producers are the probes that declare it, the framework hooks, NVML
-(GPU utilisation where a GPU exists) or a PromQL source (a query the operator
-configures against the cluster's Prometheus). A probe producer is named with
-its tier: a light probe is always on, a deep one runs only while a policy
-switches it on, so a signal only a deep probe produces cannot be what starts
-it (the RDMA NIC counters are the light tier's ``rdma_counters``, polled from
-sysfs; the per-QP latency is the deep tier's ``rdma_qp``).
+(GPU utilisation where a GPU exists), a poller (a reader of /proc and sysfs
+the probe source runs: ``bpf/device_locality.py``) or a PromQL source (a
+query the operator configures against the cluster's Prometheus). A probe
+producer is named with its tier: a light probe is always on, a deep one runs
+only while a policy switches it on, so a signal only a deep probe produces
+cannot be what starts it (the RDMA NIC counters are the light tier's
+``rdma_counters``, polled from sysfs; the per-QP latency is the deep tier's
+``rdma_qp``).
 ``NodeFacts.why_not`` says why a producer cannot run here (no GPU, no RDMA
 device, bcc missing for a probe that compiles a program, the probe's
 tracepoints are missing, no PromQL source configured, or none with a query for
@@ -39,6 +41,7 @@ from reflexarc.core.devices import KINDS as DEVICE_KINDS
 from reflexarc.core.devices import Devices
 
 PROBE, HOOKS, NVML, PROMQL = "probe", "hooks", "nvml", "promql"
+POLLER = "poller"      # a reader of /proc and sysfs with no BPF program that the probe source runs (name: its module)
 TIER_WORDS = {catalog.LIGHT: "light tier, always on", catalog.DEEP: "deep tier, on demand"}
 REQUIREMENTS = (*DEVICE_KINDS, PROMQL)     # what a policy may declare in 'requires'
 NO_PROMQL = "no PromQL source configured"
@@ -53,7 +56,8 @@ class Producer:
     def __str__(self) -> str:
         if self.kind == PROBE:
             return f"probe {self.name} ({TIER_WORDS[catalog.entry(self.name).tier]})"
-        return {HOOKS: "the framework hooks", NVML: "NVML", PROMQL: "a PromQL source"}[self.kind]
+        return {HOOKS: "the framework hooks", NVML: "NVML", PROMQL: "a PromQL source",
+                POLLER: f"the {self.name} poller (/proc and sysfs, no BPF program)"}[self.kind]
 
 
 class NodeFacts:
@@ -94,6 +98,8 @@ class NodeFacts:
                 return missing
         if producer.kind == HOOKS:
             return None      # the training script serves them (reflexarc.actuators.hooks)
+        if producer.kind == POLLER:
+            return None      # /proc and sysfs are always there to read
         if producer.kind == NVML:
             return None if importlib.util.find_spec("pynvml") else "NVML bindings (nvidia-ml-py) not installed"
         try:

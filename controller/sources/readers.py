@@ -3,7 +3,9 @@
 - ``ProbeSource``: the bcc probes (``reflexarc.bpf.manager.ProbeManager``); also
   refreshes the probes' target selection, expires deep probes at their TTL
   and, given the ``bus``, drops the series of the processes the probes saw
-  exit (``SignalBus.drop_exited``).
+  exit (``SignalBus.drop_exited``). Given a ``DeviceLocality`` poller
+  (``bpf/device_locality.py``), it also reports ``device_numa_local_ratio``
+  of the training processes discovery found.
 - ``HookSource``: step signals (``step_time_ms``, ``dataloader_batch_wait_ms``)
   that training scripts report through ``reflexarc.actuators.hooks``.
 - ``NvmlSource``: ``gpu_utilization_pct{gpu}`` of every NVIDIA GPU through NVML
@@ -21,7 +23,8 @@ Example::
 
 Overhead: ProbeSource reads the probes' maps once per interval and lists the
 hook directory every 5 s, and hands the bus the exits of each interval (a
-look-up per exited process on the node); HookSource makes
+look-up per exited process on the node); its locality poller reads /proc and
+sysfs every 30 s and hands out what it read in between; HookSource makes
 one Unix-socket request per training process per interval; NvmlSource one
 utilisation query per GPU per interval (~50 us each); ReplaySource checks
 every record of its file at start (~3 us each), then reads each again as it
@@ -33,6 +36,7 @@ import json
 import logging
 from pathlib import Path
 
+from reflexarc.bpf.device_locality import DeviceLocality
 from reflexarc.core.jobs import OWN_EVIDENCE
 
 from ..signals.catalogue import CATALOGUE, UnknownSignal
@@ -169,15 +173,23 @@ class ProbeSource:
     with its time, and the probes report nothing of them afterwards; a process
     that reused a pid since is fed later and keeps its series. So a worker's
     series leave the bus one interval after it exits, not after the
-    retention."""
+    retention.
+
+    With ``locality``, each poll adds the device locality of the training
+    processes the manager's discovery found (``Selection.trainers``), less
+    those whose exit the probes saw since the last refresh, each labelled with
+    its job like the probes' samples (``ProbeManager.label_job``)."""
 
     name = "probes"
 
-    def __init__(self, manager, refresh_every: float = 5.0, hook_dir: str | None = None, bus=None) -> None:
+    def __init__(self, manager, refresh_every: float = 5.0, hook_dir: str | None = None, bus=None,
+                 locality: DeviceLocality | None = None) -> None:
         self.manager = manager
         self.refresh_every = refresh_every   # /proc rescans; renames are caught in the kernel meanwhile
         self.hook_dir = hook_dir
         self.bus = bus
+        self.locality = locality
+        self._gone: set[int] = set()         # training processes seen to exit since the last refresh
         self._served: dict[int, tuple[str, str]] = {}   # training process pid -> (rank, job), from its hooks
         self._refreshed = float("-inf")
         self._exited: tuple[frozenset[int], float] = (frozenset(), 0.0)   # pids, time of the poll that saw them
@@ -187,6 +199,7 @@ class ProbeSource:
             self.bus.drop_exited(*self._exited)
         if now - self._refreshed >= self.refresh_every:
             self.manager.refresh_selection()
+            self._gone.clear()
             if self.hook_dir:
                 from reflexarc.actuators.framework_hook import served_by_pid
                 self._served = served_by_pid(self.hook_dir)
@@ -195,6 +208,8 @@ class ProbeSource:
         samples = self.manager.collect(now)
         if self.bus is not None:
             self._exited = (self.manager.exited, now)
+        if self.locality is not None:
+            samples = samples + self._locality(now)
         if self._served:
             kept = []
             for sample in samples:               # each sample has its own labels dict
@@ -210,6 +225,16 @@ class ProbeSource:
                         labels["job"] = served[1]
                 kept.append(sample)
             samples = kept
+        return samples
+
+    def _locality(self, now: float) -> list[tuple[str, dict, float]]:
+        """The locality samples of the training processes discovery found that
+        the probes have not seen exit, labelled with their job."""
+        self._gone |= self.manager.exited
+        pids = [pid for pid in self.manager.selection.trainers if pid not in self._gone]
+        samples = self.locality.collect(pids, now)
+        for _, labels, _ in samples:
+            self.manager.label_job(labels)
         return samples
 
     def _own_job(self, pid: int) -> bool:
