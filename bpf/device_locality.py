@@ -76,6 +76,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from reflexarc.core.cpus import parse_cpulist
+from reflexarc.core.input_files import read_kernel_file
 from reflexarc.core.signals import SignalSpec
 from reflexarc.core.topology import Topology, TopologyError, normalise_pci_address
 
@@ -98,7 +99,6 @@ GPU_NODE = re.compile(r"/dev/nvidia(\d+)")
 MINOR_LINE = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.MULTILINE)
 MAX_CPU = 1 << 16             # no kernel runs more CPUs (NR_CPUS is at most 8192)
 MAX_READ = 1 << 16            # a sysfs attribute is at most a page, a status a few kB
-READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 GONE = (errno.ENOENT, errno.ESRCH, errno.ENODEV, errno.ENXIO)
 
 
@@ -307,16 +307,7 @@ class DeviceLocality:
         """The file's text, or None when it cannot be read: counted as ``absent``
         when it (or its process) is gone, else as unreadable or malformed."""
         try:
-            fd = os.open(path, READ_FLAGS)       # non-blocking: a FIFO planted in a fixture tree reads empty
-            try:
-                data = b""
-                while len(data) <= MAX_READ:
-                    chunk = os.read(fd, MAX_READ + 1 - len(data))
-                    if not chunk:
-                        break
-                    data += chunk
-            finally:
-                os.close(fd)
+            data = read_kernel_file(path, MAX_READ)
         except OSError as exc:
             if exc.errno in GONE:
                 self._skip(absent, path)

@@ -51,6 +51,7 @@ from collections import Counter
 from pathlib import Path
 
 from reflexarc.core.devices import Devices
+from reflexarc.core.input_files import read_kernel_file
 from reflexarc.core.signals import SignalSpec
 
 from .probe import OK, UNSUPPORTED, Probe, ProbeStatus, Selection
@@ -71,7 +72,6 @@ SKIP_REASONS = ("vanished", "unreadable", "malformed", "no-total", "missing")
 UNKNOWN_NODE = "unknown"
 FILES_GLOB = "aer_dev_{correctable,nonfatal,fatal}"
 MAX_READ = 1 << 16            # a sysfs attribute is at most a page; more is not an AER file
-READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class PcieAer(Probe):
@@ -145,16 +145,7 @@ class PcieAer(Probe):
         """The file's text, or None when it cannot be read: counted as ``absent``
         (not at all when None) when it does not exist, else as unreadable."""
         try:
-            fd = os.open(path, READ_FLAGS)       # non-blocking: a FIFO planted in a --sys-root tree reads empty
-            try:
-                data = b""
-                while len(data) <= MAX_READ:
-                    chunk = os.read(fd, MAX_READ + 1 - len(data))
-                    if not chunk:
-                        break
-                    data += chunk
-            finally:
-                os.close(fd)
+            data = read_kernel_file(path, MAX_READ)
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
                 self._skip("unreadable", path, detail=exc.strerror or str(exc))

@@ -87,6 +87,24 @@ def open_regular(path: str | Path, text: bool = False, follow: bool = True) -> I
     return os.fdopen(fd, "rb")
 
 
+def read_kernel_file(path: str | Path, max_bytes: int) -> bytes:
+    """At most ``max_bytes + 1`` bytes of a small file of the kernel's (a sysfs
+    attribute, a ``/proc`` status), opened non-blocking so that a FIFO planted
+    in a fixture tree reads empty instead of waiting: more than ``max_bytes``
+    means it is not the file expected. OSError as the read raised it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        data = b""
+        while len(data) <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data
+    finally:
+        os.close(fd)
+
+
 def position(data: bytes, index: int) -> tuple[int, int]:
     """1-based (line, column) of byte ``index`` in ``data``."""
     before = data[:index]
