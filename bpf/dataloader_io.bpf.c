@@ -15,6 +15,15 @@
  * the loader reads and deletes it once per interval, and counts reads as the
  * histogram's total.
  *
+ * Read amplification (BLOCK_BIO_QUEUE): a file read that returned n > 0 bytes
+ * (read, pread64, readv, preadv, preadv2: on_read_exit; receives, on_recv_exit,
+ * are not file data) adds n to io_bytes[{tgid, dev 0}]; a read bio queued on a
+ * block device while a selected task runs (block:block_bio_queue: the reading
+ * task submits the bios of its own page-cache misses and of their readahead)
+ * adds its bytes to io_bytes[{tgid, dev}]. The loader keeps the devices at the
+ * top of their stack, so a dm device's bio is not counted again on the disk
+ * below it. io_bytes is running, never deleted by the kernel.
+ *
  * Selection (map updates, no recompile): sel_mode[0] == 0 watches every process;
  * otherwise a task is selected when its tgid is in sel_pid or, with SEL_CGROUPS
  * set, its cgroup id in sel_cgroup. Names (sel_comm) are resolved to tgids by
@@ -26,7 +35,7 @@
  * in all.
  *
  * cflags: -DMAX_SELECTED -DMAX_PIDS -DMAX_THREADS -DMAX_INFLIGHT -DHIST_SLOTS
- *         [-DREAD_SYSCALLS] [-DURING_SUBMIT_REQ | -DURING_SUBMIT_SQE]
+ *         [-DREAD_SYSCALLS] [-DURING_SUBMIT_REQ | -DURING_SUBMIT_SQE] [-DBLOCK_BIO_QUEUE]
  */
 #include <uapi/linux/ptrace.h>
 
@@ -36,6 +45,20 @@
 struct inflight { u64 ts; u32 tgid; u32 pad; };
 
 BPF_HASH(lat_hist, struct hist_key, u64, MAX_PIDS * 32);
+
+/* {tgid, dev}: dev 0 holds the bytes its file reads returned, any other the
+ * bytes of the read bios it queued on that device (dev_t as the kernel's). */
+struct io_key { u32 tgid; u32 dev; };
+BPF_HASH(io_bytes, struct io_key, u64, MAX_PIDS * 8);
+
+static __always_inline void add_bytes(u32 tgid, u32 dev, u64 n)
+{
+    struct io_key k = {.tgid = tgid, .dev = dev};
+    u64 zero = 0;
+    u64 *v = io_bytes.lookup_or_try_init(&k, &zero);
+    if (v)
+        __sync_fetch_and_add(v, n);
+}
 
 static __always_inline void record(u32 tgid, u64 delta_ns)
 {
@@ -57,8 +80,7 @@ int on_read_enter(void *ctx)
     return 0;
 }
 
-/* Attached to every sys_exit_* read variant: they share this layout. */
-int on_read_exit(struct tracepoint__syscalls__sys_exit_read *args)
+static __always_inline int read_exit(long ret, int file_data)
 {
     u64 id = bpf_get_current_pid_tgid();
     u64 *start = read_start.lookup(&id);
@@ -66,8 +88,40 @@ int on_read_exit(struct tracepoint__syscalls__sys_exit_read *args)
         return 0;
     u64 delta = bpf_ktime_get_ns() - *start;
     read_start.delete(&id);
-    if (args->ret >= 0)
+    if (ret >= 0)
         record(id >> 32, delta);
+    if (file_data && ret > 0)
+        add_bytes(id >> 32, 0, (u64)ret);
+    return 0;
+}
+
+/* Attached to every sys_exit_* read variant: they share this layout. */
+int on_read_exit(struct tracepoint__syscalls__sys_exit_read *args)
+{
+    return read_exit(args->ret, 1);
+}
+
+/* Attached to the receives' sys_exit (the same layout; another type, since bcc
+ * generates one struct per tracepoint named). */
+int on_recv_exit(struct tracepoint__syscalls__sys_exit_recvfrom *args)
+{
+    return read_exit(args->ret, 0);
+}
+#endif
+
+#ifdef BLOCK_BIO_QUEUE
+int on_bio_queue(struct tracepoint__block__block_bio_queue *args)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!selected(tgid))
+        return 0;
+    char rw[2] = {};
+    bpf_probe_read_kernel(&rw, sizeof(rw), args->rwbs);
+    if (!(rw[0] == 'R' || (rw[0] == 'F' && rw[1] == 'R')))   /* "R", "RA", "RS", "FR": reads */
+        return 0;
+    u32 dev = args->dev;
+    if (dev)
+        add_bytes(tgid, dev, (u64)args->nr_sector << 9);
     return 0;
 }
 #endif

@@ -166,6 +166,12 @@ class Probe:
         return the status to report (ok/degraded/unsupported with the reason)."""
         raise NotImplementedError
 
+    def unproduced(self) -> dict[str, str]:
+        """After ``choose_attach_points``: the signals this probe will not emit
+        with the points it chose, each with the reason (a degraded probe may
+        still emit the others)."""
+        return {}
+
     def attach(self) -> None:
         """Attach the compiled program (``self.bpf``) at the chosen points."""
         raise NotImplementedError

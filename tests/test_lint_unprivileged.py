@@ -55,7 +55,7 @@ def test_validate_of_the_shipped_policies_as_nobody(place):
     r = nobody(place, "validate", "policies/")
     clean(r)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.splitlines()[-1].startswith("ok: 8 policies, "), r.stdout
+    assert r.stdout.splitlines()[-1].startswith("ok: 10 policies, "), r.stdout
     assert r.stderr.splitlines() == [NOTE], r.stderr
     assert "error:" not in r.stdout and "has no producer" not in r.stdout, r.stdout
 

@@ -42,7 +42,7 @@ def test_every_shipped_policy_signal_has_a_producer_here():
     idle = {p.name for p in policies if idle_reason(p, facts)}
     assert idle == {p.name for p in policies if p.requires}
     assert idle <= {"gpu-submit-gap", "rdma-deep-tracing", "rank-straggler", "pcie-aer-alert",
-                    "gpu-downtrend-deep-tracing"}
+                    "gpu-downtrend-deep-tracing", "device-locality-alert"}
 
 
 def test_validate_of_the_shipped_policies_prints_no_warning(cli):

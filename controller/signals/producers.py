@@ -71,7 +71,7 @@ class NodeFacts:
         self.features = features or KernelFeatures()
         self.promql = promql
         self.jobs = jobs      # the jobs running on the node now (core.jobs), None when not looked at
-        self._cache: dict[Producer, str | None] = {}
+        self._cache: dict[Producer, tuple[str | None, dict[str, str]]] = {}
 
     def why_not(self, producer: Producer, signal: str = "") -> str | None:
         """None when ``producer`` can emit (``signal``) here, else the reason."""
@@ -83,7 +83,8 @@ class NodeFacts:
             return "the PromQL configuration has no query for it"
         if producer not in self._cache:
             self._cache[producer] = self._why_not(producer)
-        return self._cache[producer]
+        reason, unproduced = self._cache[producer]
+        return reason or unproduced.get(signal)
 
     def missing(self, requirement: str) -> str | None:
         """None when the node has what ``requires`` names (``REQUIREMENTS``), else why not."""
@@ -91,30 +92,34 @@ class NodeFacts:
             return None if self.promql else NO_PROMQL
         return self.devices.missing(requirement)
 
-    def _why_not(self, producer: Producer) -> str | None:
+    def _why_not(self, producer: Producer) -> tuple[str | None, dict[str, str]]:
+        """Why the producer cannot run here (None: it can), and the signals it
+        will not emit even so, each with why (``Probe.unproduced``)."""
         if producer.device:
             missing = self.devices.missing(producer.device)
             if missing:
-                return missing
+                return missing, {}
         if producer.kind == HOOKS:
-            return None      # the training script serves them (reflexarc.actuators.hooks)
+            return None, {}      # the training script serves them (reflexarc.actuators.hooks)
         if producer.kind == POLLER:
-            return None      # /proc and sysfs are always there to read
+            return None, {}      # /proc and sysfs are always there to read
         if producer.kind == NVML:
-            return None if importlib.util.find_spec("pynvml") else "NVML bindings (nvidia-ml-py) not installed"
+            return (None if importlib.util.find_spec("pynvml") else "NVML bindings (nvidia-ml-py) not installed"), {}
         try:
             cls = catalog.probe_class(producer.name)
         except catalog.ProbeNotAvailable as exc:
-            return str(exc)
+            return str(exc), {}
         if getattr(cls, "uses_bpf", True):
             if importlib.util.find_spec("bcc") is None:
-                return "bcc is not installed"
+                return "bcc is not installed", {}
             unprivileged = self.features.missing_privilege()
             if unprivileged:
-                return unprivileged
+                return unprivileged, {}
         probe = cls(features=self.features, **self._roots(cls))
         status = probe.choose_attach_points()
-        return (status.reason or "unsupported") if status.state == UNSUPPORTED else None
+        if status.state == UNSUPPORTED:
+            return status.reason or "unsupported", {}
+        return None, probe.unproduced()
 
     def _roots(self, cls) -> dict:
         """A probe looks for its devices where this node's devices are read."""
