@@ -59,7 +59,10 @@ bench/probe_overhead.py): the pread64 tracepoint pair with empty programs adds
 whole tier with the reader unselected 0.37 us; on the loaded training loader the tier
 costs at most +0.1 % of an item's CPU. Enabling any syscall tracepoint also
 moves every syscall on the node to the kernel's traced path (a small fixed
-cost per syscall, shared with the other syscall probes). Collect: one batched map read; /proc reads for a worker's ``trainer``
+cost per syscall, shared with the other syscall probes). Every bio queued on
+the node runs one more program (the selection test); a selected worker's
+file reads and read bios add one hash update each (the byte counters), not
+re-measured in ``bench/probe_overhead.py``. Collect: one batched map read; /proc reads for a worker's ``trainer``
 only when the worker is first seen, and one ``stat`` per idle one. A worker
 whose exit the probe manager saw (``forget_exited``) is not reported again.
 """
