@@ -125,11 +125,11 @@ def load_test_file(path: Path) -> tuple[list[str], object, list[dict]]:
 
 def _scenario(reader: YamlReader, node: Node, scenario: str):
     """The scenario a test file names; a name that is no scenario is located in the test file."""
-    from reflexarc.simulations import ScenarioError
+    from reflexarc.simulations import ScenarioError, load_scenario
 
-    from .simulate import SCENARIO_SUFFIXES, load_scenario_checked
+    from .simulate import SCENARIO_SUFFIXES
     try:
-        return load_scenario_checked(scenario)
+        return load_scenario(scenario)
     except ScenarioError as exc:
         if Path(scenario).suffix in SCENARIO_SUFFIXES:
             raise PolicyTestError(exc.file, exc.line, exc.col, exc.message) from None

@@ -4,7 +4,8 @@ The scenario's plant publishes signals each tick; its simulated actuators stand
 in for the real ones under the same names and parameter specs, so the policies
 are exactly the ones a node runs. A 10-minute scenario runs in well under a
 second of plant time. A scenario named by path is read only when it is a
-regular UTF-8 file (``load_scenario_checked``): a FIFO or a device is refused.
+regular UTF-8 file (``simulations.load_scenario`` reads it through the one
+YAML reader): a FIFO or a device is refused.
 
 The audit samples evaluations as a live run's does (``evals="sampled"``,
 ``controller/engine/audit.py``): a change of result or state, and every tick on the
@@ -32,8 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import reflexarc.policies
-from reflexarc.core.input_files import InputFileError, read_text
-from reflexarc.simulations import Plant, ScenarioError, load_scenario
+from reflexarc.simulations import Plant, load_scenario
 
 from ..engine.audit import AuditLog, rotated_paths
 from ..engine.bus import SignalBus
@@ -44,20 +44,7 @@ from ..policy.loader import load_policies
 
 BUILTIN_POLICIES = Path(reflexarc.policies.__file__).resolve().parent
 SCENARIO_SUFFIXES = (".yaml", ".yml")
-MAX_SCENARIO_BYTES = 1 << 20
 AUDIT_SAMPLE = 1200.0     # seconds between a quiet rule-target's written evaluations: run's --audit-sample
-
-
-def load_scenario_checked(name_or_path: str):
-    """A built-in scenario by name, or a scenario file by path: a regular UTF-8
-    file of at most ``MAX_SCENARIO_BYTES`` (a FIFO or a device is refused
-    before it is opened for reading); ScenarioError otherwise."""
-    if Path(name_or_path).suffix in SCENARIO_SUFFIXES:
-        try:
-            read_text(name_or_path, MAX_SCENARIO_BYTES)
-        except InputFileError as exc:
-            raise ScenarioError(exc.path, exc.line or 1, exc.col or 1, exc.reason) from None
-    return load_scenario(name_or_path)
 
 
 @dataclass
@@ -80,7 +67,7 @@ def run_scenario(scenario, policies: list | None = None, mode: str | None = None
     """Run ``scenario`` (a name, a path or a loaded scenario) with ``policies``
     (loaded, ``load_policies``) or, by default, the policy files the scenario names.
     ``evals``: ``sampled`` or ``all`` evaluations in the audit (``AuditLog``)."""
-    sc = load_scenario_checked(scenario) if isinstance(scenario, str) else scenario
+    sc = load_scenario(scenario) if isinstance(scenario, str) else scenario
     if policies is None:
         policies = load_policies(list(sc.policies))
     clock = SimClock()
