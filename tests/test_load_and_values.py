@@ -84,6 +84,9 @@ def test_every_catalogued_unit_has_a_declared_range():
     ("qdisc_backlog_bytes", -4096.0, Refusal.BELOW_RANGE),
     ("dataloader_reads_total", -3.0, Refusal.BELOW_RANGE),
     ("gpu_submit_rate_hz", -2.0, Refusal.BELOW_RANGE),
+    ("dataloader_read_amplification_ratio", 4.2, None),     # bytes per byte: not a share
+    ("dataloader_read_amplification_ratio", -0.1, Refusal.BELOW_RANGE),
+    ("device_numa_local_ratio", 1.2, Refusal.ABOVE_RANGE),  # a share of CPUs
 ])
 def test_a_value_is_checked_against_its_signals_unit(name, value, fault):
     assert value_fault(name, value) == fault

@@ -46,6 +46,7 @@ UNIT_RANGES: dict[str, tuple[float, float]] = {
 ANY_FINITE = (-math.inf, math.inf)
 SIGNAL_RANGES: dict[str, tuple[float, float]] = {
     "gpu_utilization_pct": (0.0, 100.0),
+    "dataloader_read_amplification_ratio": NEVER_NEGATIVE,   # bytes per byte: above 1 when the disks read more
 }
 RANGES: dict[str, tuple[float, float]] = {name: SIGNAL_RANGES.get(name, UNIT_RANGES.get(spec.unit, ANY_FINITE))
                                           for name, spec in CATALOGUE.items()}
