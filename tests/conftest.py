@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -112,6 +113,21 @@ def require_bpf() -> None:
         import bcc  # noqa: F401
     except ImportError as exc:
         require(False, f"Debian's bcc Python module ({exc})")
+
+
+@contextlib.contextmanager
+def loop_device(image: Path, size: int):
+    """A loop device over a new sparse file of ``size`` bytes (cold: nothing of
+    it cached), detached when the block ends."""
+    require(shutil.which("losetup") is not None, "losetup (util-linux)")
+    with open(image, "wb") as f:
+        f.truncate(size)
+    dev = subprocess.run(["losetup", "--find", "--show", str(image)],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    try:
+        yield dev
+    finally:
+        subprocess.run(["losetup", "--detach", dev], check=False)
 
 
 def two_node_sys(root: Path) -> Path:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import mmap
 import os
-import shutil
-import subprocess
 import time
 
 import pytest
+from conftest import loop_device as attached_loop
 from conftest import require, require_bpf
 
 from reflexarc.bpf.block_io import BlockIo
@@ -28,16 +27,8 @@ BIG_READS = 16
 @pytest.fixture
 def loop_device(tmp_path):
     require_bpf()
-    require(shutil.which("losetup") is not None, "losetup (util-linux)")
-    image = tmp_path / "disk.img"
-    with open(image, "wb") as f:
-        f.truncate(64 << 20)
-    dev = subprocess.run(["losetup", "--find", "--show", str(image)],
-                         check=True, capture_output=True, text=True).stdout.strip()
-    try:
+    with attached_loop(tmp_path / "disk.img", 64 << 20) as dev:
         yield dev
-    finally:
-        subprocess.run(["losetup", "--detach", dev], check=False)
 
 
 def direct_reads(dev: str, size: int, count: int, stride: int) -> None:

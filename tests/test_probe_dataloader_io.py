@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from conftest import ROOT, fake_tracefs, require, require_bpf
+from conftest import ROOT, fake_tracefs, loop_device, require, require_bpf
 from workloads.slow_reads import INDEX_READS, PipeDelayDataset
 
 from reflexarc.actuators.framework_hook import served_by_pid
@@ -318,18 +318,10 @@ def test_read_amplification_of_short_records_with_and_without_readahead(tmp_path
     several times what the worker used); with POSIX_FADV_RANDOM only the pages
     asked for (about 1). The bytes the reads returned are 4 KiB each."""
     require_bpf()
-    require(shutil.which("losetup") is not None, "losetup (util-linux)")
     results = {}
     for advice in ("normal", "random"):
-        image = tmp_path / f"{advice}.img"
-        with open(image, "wb") as f:
-            f.truncate(256 << 20)
-        dev = subprocess.run(["losetup", "--find", "--show", str(image)],
-                             check=True, capture_output=True, text=True).stdout.strip()
-        try:
+        with loop_device(tmp_path / f"{advice}.img", 256 << 20) as dev:
             results[advice] = amplification(dev, advice)
-        finally:
-            subprocess.run(["losetup", "--detach", dev], check=False)
     for advice, got in results.items():     # its reads, and "go\n" from its stdin
         assert 300 * 4096 <= got["dataloader_read_bytes_total"] <= 300 * 4096 + 64, (advice, got)
     normal, random_ = results["normal"], results["random"]

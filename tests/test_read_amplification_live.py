@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
-from conftest import ROOT, require, require_bpf, wait_until
+from conftest import ROOT, loop_device, require_bpf, wait_until
 
 import pytest
 
@@ -28,22 +26,14 @@ RUN_S = 100                 # the rule's minute of for, after its conditions hol
 
 
 @pytest.fixture
-def loop_device(tmp_path):
+def records_device(tmp_path):
     require_bpf()
-    require(shutil.which("losetup") is not None, "losetup (util-linux)")
-    image = tmp_path / "records.img"
-    with open(image, "wb") as f:
-        f.truncate(4 << 30)                       # sparse: 16,384 places for a record
-    dev = subprocess.run(["losetup", "--find", "--show", str(image)],
-                         check=True, capture_output=True, text=True).stdout.strip()
-    try:
+    with loop_device(tmp_path / "records.img", 4 << 30) as dev:      # sparse: 16,384 places for a record
         yield dev
-    finally:
-        subprocess.run(["losetup", "--detach", dev], check=False)
 
 
-def test_the_shipped_policy_plans_its_alert_for_a_loader_whose_disk_reads_4x(tmp_path, loop_device, cli):
-    job_proc = subprocess.Popen([sys.executable, str(WORKLOAD), "--device", loop_device, "--duration", "300"],
+def test_the_shipped_policy_plans_its_alert_for_a_loader_whose_disk_reads_4x(tmp_path, records_device, cli):
+    job_proc = subprocess.Popen([sys.executable, str(WORKLOAD), "--device", records_device, "--duration", "300"],
                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd="/",
                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
     lines: list[dict] = []
