@@ -40,9 +40,10 @@ while c.recv(1 << 16):
     pass
 """
 
-# Sends for a while, sampling tcpi_rtt; waits until the send queue is empty
-# (SIOCOUTQ: unsent + unacknowledged bytes), then prints
-# "<local port> <tcpi_total_retrans> <median tcpi_rtt us>" and waits for stdin.
+# Sends for a while, then waits until the send queue is empty (SIOCOUTQ: unsent
+# + unacknowledged bytes), sampling tcpi_rtt all along; prints "<local port>
+# <tcpi_total_retrans> <5th> <50th> <95th percentile of the tcpi_rtt samples, us>"
+# and waits for stdin.
 CLIENT = r"""
 import fcntl, socket, statistics, struct, sys, time
 c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
@@ -65,7 +66,9 @@ while True:
     if int.from_bytes(outq, sys.byteorder) == 0:
         break
     time.sleep(0.01)
-print(c.getsockname()[1], info()[1], statistics.median(rtts), flush=True)
+    rtts.append(info()[0])
+q = statistics.quantiles(rtts, n=20)
+print(c.getsockname()[1], info()[1], q[0], statistics.median(rtts), q[-1], flush=True)
 sys.stdin.readline()
 """
 
@@ -197,8 +200,8 @@ def test_retransmits_and_srtt_on_selected_port_only():
                 p.kill()
                 p.wait()
 
-    (sel_port, sel_retrans, sel_rtt), (other_port, other_retrans, _) = (
-        (int(r[0]), int(r[1]), float(r[2])) for r in reports)
+    (sel_port, sel_retrans, *sel_rtt), (other_port, other_retrans, *_) = (
+        (int(r[0]), int(r[1]), *map(float, r[2:])) for r in reports)
     assert sel_retrans > 0 and other_retrans > 0, "the loss rule did not cause retransmits"
 
     flows = {(n, labels["flow"], labels.get("quantile")): (labels, v) for n, labels, v in out}
@@ -212,11 +215,16 @@ def test_retransmits_and_srtt_on_selected_port_only():
     # (a few retransmits may fail in the driver and be retried).
     assert sel_retrans / 1.5 <= counted <= sel_retrans * 1.5, (counted, sel_retrans)
 
-    # srtt in microseconds: the probe's median agrees with the median of the
-    # socket's own tcpi_rtt samples (also srtt_us >> 3) taken while sending.
+    # srtt in microseconds: the probe's median lies within the bulk (5th to 95th
+    # percentile, a slot's width of slack) of the socket's own tcpi_rtt samples
+    # (also srtt_us >> 3), taken while it sent and drained. The two sample the
+    # same srtt differently (the probe at each segment received, the client
+    # between its sends), so their medians need not agree: on a loaded host they
+    # were 4x apart.
     _, p50 = flows[("tcp_srtt_us", client_flow, "0.5")]
     _, p99 = flows[("tcp_srtt_us", client_flow, "0.99")]
-    assert sel_rtt / 3 <= p50 <= sel_rtt * 3, (p50, sel_rtt)
+    lo, _, hi = sel_rtt
+    assert lo / 1.25 <= p50 <= hi * 1.25, (p50, "5th, 50th, 95th:", sel_rtt)
     assert 1 <= p50 <= p99 < 1_000_000
     server_flow = f"{pair.addr_b}:{SELECTED}->{pair.addr_a}:{sel_port}"
     assert ("tcp_srtt_us", server_flow, "0.5") in flows

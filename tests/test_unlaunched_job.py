@@ -74,8 +74,10 @@ def test_a_job_started_by_no_launcher_gets_a_target_of_its_own(tmp_path, cli):
     try:
         pid = wait_until("the trainer's first step", lambda: stepping(list(lines)), timeout=180)
         state = tmp_path / "state"
+        # Every tick's evaluation audited (the default writes a quiet rule-target's
+        # first one and then one per 20 minutes): the batch wait over the whole run.
         run = cli("--state-dir", str(state), "--hook-dir", str(tmp_path / "hooks"), "run", "--duration", str(RUN_S),
-                  timeout=300)
+                  "--audit-sample", "1s", timeout=300)
         table = cli("jobs")
         assert trainer.poll() is None, "the trainer ran through the controller's run"
     finally:
