@@ -7,9 +7,13 @@ script (it never imports reflexarc) that prints, for every step, its step time
 ``next(iterator)``) and when its batch was in hand (``got``,
 CLOCK_MONOTONIC). The probe runs in this process and is collected once a
 second; each collect's window (previous collect, this collect], on the same
-monotonic clock, is compared with the job's steps whose batch arrived in that
-window (the probe counts a batch when the training process reads its header,
-just before the job has it in hand). Two scenarios, one endless epoch each:
+monotonic clock, is compared with the job's steps: the step time with the steps
+that ended in the window (the probe closes a step when the loop asks for the
+next batch, as the job's own step time does, and counts it when that batch is
+read; a hook would report it at the step's end), the wait with the steps
+whose batch arrived in it (the probe counts a wait when the training process
+reads the batch's header, just before the job has it in hand). Two scenarios,
+one endless epoch each:
 
 - ``baseline``: fast items (``--item-ms 1``), 20 ms of accelerator time per
   step: the loader keeps up, the wait is ~0;
@@ -36,14 +40,15 @@ environment, ``--no-hooks``): each rank prints per step ``ts`` (wall clock at
 the step's end), ``step_ms`` and ``wait_ms``. The probe runs as the controller
 runs it (``ProbeManager``, ``batch_wait`` only, collected every second, the
 selection refreshed every ``REFRESH_S``); a sample is the rank's whose
-training process (``trainer``) is that rank's pid. A step's batch arrived at
-``ts - (step_ms - wait_ms)``, which places it in a window, as ``got`` does
-above. Phases, each ``--testbed-seconds`` long: ``baseline``, then faults
+training process (``trainer``) is that rank's pid. A step ended at ``ts`` and
+its batch arrived at ``ts - (step_ms - wait_ms)``, which place it in a window,
+as ``t`` and ``got`` do above. Phases, each ``--testbed-seconds`` long: ``baseline``, then faults
 ``a`` (bulk upload sharing the bottleneck), ``b`` (store latency 50 ms per
 request) and ``d`` (store serving one request at a time, 20 ms each), each
 measured from ``--settle`` s after its onset and followed by ``--recover`` s
 without fault. Windows of 1 s, and of ``--slow-window`` s (consecutive
-collects merged, the probe's means weighted by its batch counts) for steps
+collects merged, the probe's step times weighted by the steps each covers,
+``BatchWait.steps_served``, and its waits by its batch counts) for steps
 that take a large part of a second. The wait is compared per rank (a fault
 slows one rank's loader; the other waits in the all-reduce), each window's
 error in % of the job's wait or, where that wait is below 10 % of the step
@@ -155,12 +160,13 @@ def run_scenario(probe: BatchWait, name: str, seconds: float) -> dict:
     for start, end, values in windows:
         if start < began + WARMUP_S:
             continue
-        inside = [s for s in steps if start < s["got"] <= end and s["step_ms"] is not None]
-        if len(inside) < MIN_STEPS or "step_time_ms" not in values:
+        inside = [s for s in steps if start < s["t"] <= end and s["step_ms"] is not None]   # ended in it
+        fed = [s for s in steps if start < s["got"] <= end]                                   # batch arrived in it
+        if len(inside) < MIN_STEPS or not fed or "step_time_ms" not in values:
             continue
         rows.append({"start": round(start, 3), "end": round(end, 3), "steps": len(inside),
                      "job_step_ms": statistics.fmean(s["step_ms"] for s in inside),
-                     "job_wait_ms": statistics.fmean(s["wait_ms"] for s in inside),
+                     "job_wait_ms": statistics.fmean(s["wait_ms"] for s in fed),
                      "probe_step_ms": values["step_time_ms"],
                      "probe_wait_ms": values.get("dataloader_batch_wait_ms")})
     return {"args": SCENARIOS[name], "seconds": seconds, "job_steps": len(steps), "windows": rows,
@@ -228,7 +234,10 @@ class Sampler:
         time.sleep(max(0.0, self.last + 1.0 - time.time()))
         now = time.time()
         samples = self.mgr.collect(now)
+        served = self.mgr.probe("batch_wait").steps_served
         per: dict[int, dict] = {}
+        for pid, rank in self.ranks.items():
+            per.setdefault(rank, {})["served"] = served.get(pid, 0)
         for name, labels, value in samples:
             pid = labels.get("trainer") or labels.get("pid")
             rank = self.ranks.get(int(pid)) if pid and str(pid).isdigit() else None
@@ -258,9 +267,11 @@ def arrived(step: dict) -> float:
     return step["ts"] - (step["step_ms"] - step["wait_ms"]) / 1000.0
 
 
-def weighted(vals: list[dict], key: str) -> float | None:
-    """The mean of ``key`` over the collects that took batches, by their batch counts."""
-    pairs = [(v[key], v["batches"]) for v in vals if v.get("batches") and key in v]
+def weighted(vals: list[dict], key: str, by: str) -> float | None:
+    """The mean of ``key`` over the collects with some ``by`` (``batches``: the
+    batches taken, for the wait; ``served``: the steps the step time covers),
+    weighted by it."""
+    pairs = [(v[key], v[by]) for v in vals if v.get(by) and key in v]
     total = sum(n for _, n in pairs)
     return sum(x * n for x, n in pairs) / total if total else None
 
@@ -284,16 +295,18 @@ def testbed_rows(windows, steps: dict[int, list[dict]], t0: float, t1: float, me
                 batches = sum(v["batches"] for v in vals)
                 if not batches:
                     continue
-                probe_step, probe_wait = weighted(vals, "step_time_ms"), weighted(vals, "dataloader_batch_wait_ms")
-            job = [s for s in rank_steps if start < arrived(s) <= end]
-            if len(job) < MIN_STEPS or probe_step is None:
+                probe_step = weighted(vals, "step_time_ms", "served")
+                probe_wait = weighted(vals, "dataloader_batch_wait_ms", "batches")
+            job = [s for s in rank_steps if start < s["ts"] <= end]          # steps that ended in the window
+            fed = [s for s in rank_steps if start < arrived(s) <= end]       # steps whose batch arrived in it
+            if len(job) < MIN_STEPS or not fed or probe_step is None:
                 continue
             rows.append({"rank": rank, "start": round(start, 3), "end": round(end, 3), "steps": len(job),
                          # a new DataLoader iterator (new workers, a new data queue) began this step
                          "epoch_start": any(s["step"] % epoch_steps == 1 for s in job),
                          "probe_batches": sum(v.get("batches") or 0 for v in vals),
                          "job_step_ms": statistics.fmean(s["step_ms"] for s in job),
-                         "job_wait_ms": statistics.fmean(s["wait_ms"] for s in job),
+                         "job_wait_ms": statistics.fmean(s["wait_ms"] for s in fed),
                          "probe_step_ms": probe_step, "probe_wait_ms": probe_wait})
     return rows
 
@@ -338,7 +351,8 @@ def testbed_summary(name: str, rows: list[dict]) -> dict:
             entry["dataloader_batch_wait_ms"] = out[f"dataloader_batch_wait_ms r{rank}"] = wait
         out["by_rank"][str(rank)] = entry
     steady = [r for r in rows if r.get("epoch_start") is False]
-    if steady and all("epoch_start" in r for r in rows):     # the same, without the windows of an epoch start
+    if steady and len(steady) < len(rows) and all("epoch_start" in r for r in rows):
+        # the same, without the windows of an epoch start
         out["without_epoch_start"] = {k: v for k, v in testbed_summary(name, steady).items()
                                       if k != "without_epoch_start"}
     return out
@@ -409,7 +423,7 @@ def run_testbed(seconds: float, settle: float, recover: float, faults: list[str]
            "job_steps": {str(k): len(v) for k, v in steps.items()}, "scenarios": {}}
     for name, (t0, t1) in phases.items():
         entry = {"fault": TESTBED_FAULTS.get(name), "onset": onsets.get(name), "from": t0, "to": t1,
-                 "job_steps": sum(1 for v in steps.values() for s in v if t0 < arrived(s) <= t1)}
+                 "job_steps": sum(1 for v in steps.values() for s in v if t0 < s["ts"] <= t1)}
         for label, merge in (("1s", 1), (f"{slow_window}s", slow_window)):
             rows = testbed_rows(sampler.windows, steps, t0, t1, merge)
             entry[label] = {"summary": testbed_summary(name, rows), "windows": rows}

@@ -27,8 +27,9 @@ queue's are not all closed when the new one is made): the kernel keeps the
 messages a watched training process reads from fds not watched yet apart
 (``pending``), and the next ``collect``, once it has found the new queue, counts
 those from it, so an epoch's first batches, and the long wait for the new
-workers' first one, are counted like the others. The interval of an fd's first
-batch runs from the training process's previous batch from any fd.
+workers' first one, are counted like the others. An fd's first batch
+continues the training process's chain of batches from its previous data
+queue.
 
 Signals, per training process (``pid``, with ``trainer`` the same pid, so that
 the job, rank and pod found for it are added like for the per-worker probes):
@@ -43,11 +44,24 @@ the job, rank and pod found for it are added like for the per-worker probes):
   under load): CPU work of the training process, not a wait on the workers,
   which re-pinning cannot shorten (``persistent_workers=True`` does); the step
   time has it;
-* ``step_time_ms`` (gauge): mean interval between consecutive batches taken in
-  the interval. It is the step time when each step takes one batch, as a
-  training loop over a DataLoader does; with gradient accumulation it is the
-  micro-step's time, and two loaders read at once (training and validation)
-  each give intervals of their own. A persistent-workers DataLoader also reads
+* ``step_time_ms`` (gauge): mean time of the steps closed in the interval. A
+  step ends where the loop asks for its next batch (its first poll of the data
+  queue), as the job's own step time does. The DataLoader returns batches in
+  order: when its workers finish out of order the training process reads
+  several messages in one ``next()``, keeping the early ones, and takes them
+  in the next steps without a syscall (two reads ~2-10 ms apart, then none for
+  a step, with 2 workers on the testbed). So a batch whose wait began less
+  than ``1/BURST_DIV`` of the last step time after the previous read, while
+  the group holds fewer batches than the process has workers, joins that
+  group; the next wait closes it, and the time from the group's first wait to
+  this one, divided among its batches, is the time of each step that took
+  one. A wait that cannot join closes the group when it begins, where the
+  step ended, not when its batch arrives. Without bursts each group is one
+  batch, and this is the time between consecutive asks for a batch. It is
+  the step time when each step takes one batch, as a training loop over a
+  DataLoader does; with gradient accumulation it is the micro-step's time,
+  and two loaders read at once (training and validation) each give intervals
+  of their own. A persistent-workers DataLoader also reads
   one acknowledgement per worker at each epoch's start, counted as batches.
   With ``pin_memory`` the pin-memory thread takes the batches (and waits for
   them) a little ahead of the loop: the same step time in the steady state;
@@ -55,10 +69,14 @@ the job, rank and pod found for it are added like for the per-worker probes):
   the process.
 
 An interval in which a watched process took no batch but is waiting for one
-reports, instead of means, the wait so far and the time since its last batch,
-so a stalled loader shows as a growing value, not as silence. The kernel also
+reports, instead of means, the wait so far and, unless a step closed in it,
+the time since its last batch, so a stalled loader shows as a growing value,
+not as silence. The kernel also
 keeps a log-linear histogram of the waits; ``wait_quantiles`` holds the last
-interval's median and p99 (ms) per process (not published as a signal).
+interval's median and p99 (ms) per process, and ``steps_served`` the steps
+the last interval's ``step_time_ms`` is the mean of (the batches of the groups
+closed in it), per process (neither is published as a signal:
+``bench/step_signals.py`` weighs merged intervals by the latter).
 
 Both signals share their names, and their catalogue entries, with the ones a
 training script reports through the framework hooks
@@ -108,6 +126,7 @@ from .probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus
 
 POLL_SYSCALLS = ("poll", "ppoll")
 MAX_POLLFDS = 4          # pollfd entries searched per poll: multiprocessing polls one fd
+BURST_DIV = 4            # a batch read within 1/BURST_DIV of the last step time after the last batch joins its burst
 RESCAN_S = 30.0          # full /proc scan for workers this often (new ones are seen by task_rename)
 NO_WORKER_GRACE_S = 10.0  # a training process without workers this long is no longer watched
 O_ACCMODE, O_RDONLY, O_WRONLY = 0o3, 0o0, 0o1
@@ -229,6 +248,7 @@ class BatchWait(Probe):
         self.trainers = _Itself(proc_root)
         self.totals = RunningTotals()
         self.wait_quantiles: dict[int, list[tuple[str, float]]] = {}
+        self.steps_served: dict[int, int] = {}
         self._watched: dict[int, _Trainer] = {}
         self._polls: list[str] = []
         self._rename = False
@@ -238,7 +258,8 @@ class BatchWait(Probe):
     # --- attach ---------------------------------------------------------
     def cflags(self) -> list[str]:
         flags = [f"-DMAX_TRAINERS={self.max_trainers}", f"-DMAX_WATCHED={self.max_watched}",
-                 f"-DMAX_THREADS={self.max_threads}", f"-DMAX_POLLFDS={MAX_POLLFDS}", f"-DHIST_SLOTS={SLOTS}"]
+                 f"-DMAX_THREADS={self.max_threads}", f"-DMAX_POLLFDS={MAX_POLLFDS}", f"-DHIST_SLOTS={SLOTS}",
+                 f"-DBURST_DIV={BURST_DIV}"]
         flags += [f"-D{p.upper()}_SYSCALL" for p in self._polls]
         if self._rename:
             flags.append("-DRENAME_TRACEPOINT")
@@ -335,7 +356,7 @@ class BatchWait(Probe):
                     state.dirty = False
 
     def _watch(self, trainer: int, state: _Trainer, fds: set[int]) -> None:
-        watch, last = self.bpf[b"watch_fd"], self.bpf[b"last_batch"]
+        watch, last = self.bpf[b"watch_fd"], self.bpf[b"fd_chain"]
         for fd in fds - state.fds:
             watch[self._key(watch, trainer, fd)] = watch.Leaf(1)
         for fd in state.fds - fds:        # unwatched first, so no batch restarts the old chain
@@ -344,19 +365,19 @@ class BatchWait(Probe):
                     del table[self._key(table, trainer, fd)]
                 except KeyError:
                     pass
-        self.bpf[b"trainers"][ct.c_uint32(trainer)] = ct.c_uint8(1)
+        self.bpf[b"trainers"][ct.c_uint32(trainer)] = ct.c_uint8(min(255, max(1, len(state.workers))))
         state.fds = set(fds)
         self.totals.ensure(trainer)
 
     def _unwatch(self, trainer: int) -> None:
         state = self._watched.get(trainer)
-        for name in (b"trainers", b"trainer_last"):
+        for name in (b"trainers", b"trainer_chain"):
             try:
                 del self.bpf[name][ct.c_uint32(trainer)]
             except KeyError:
                 pass
         for fd in (state.fds if state else ()):
-            for name in (b"watch_fd", b"last_batch"):
+            for name in (b"watch_fd", b"fd_chain"):
                 table = self.bpf[name]
                 try:
                     del table[self._key(table, trainer, fd)]
@@ -387,15 +408,12 @@ class BatchWait(Probe):
                 out[tgid] = max(out.get(tgid, 0.0), (now_ns - mark.ts) / 1e6)
         return out
 
-    def _since_last(self, tgid: int, fds: set[int], now_ns: int) -> float | None:
-        table = self.bpf[b"last_batch"]
-        last = []
-        for fd in fds:
-            try:
-                last.append(table[self._key(table, tgid, fd)].value)
-            except KeyError:
-                pass
-        return (now_ns - max(last)) / 1e6 if last and now_ns > max(last) else None
+    def _since_last(self, tgid: int, now_ns: int) -> float | None:
+        try:
+            last = self.bpf[b"trainer_chain"][ct.c_uint32(tgid)].last
+        except KeyError:
+            return None
+        return (now_ns - last) / 1e6 if now_ns > last else None
 
     def collect(self, now: float) -> list[tuple[str, dict, float]]:
         if self.bpf is None:
@@ -409,21 +427,23 @@ class BatchWait(Probe):
         hists = drain_hists(self.bpf[b"wait_hist"])
         self.wait_quantiles = {t: [(q, v / 1000.0) for q, v in quantiles(h)] for t, h in hists.items()}
         now_ns = time.monotonic_ns()
+        self.steps_served = {t: s.intervals for t, s in stats.items() if s.intervals}
         idle = {t for t in watched if t not in stats or not stats[t].batches}
         waiting = self._waiting({t: watched[t] for t in idle}, now_ns) if idle else {}
 
         out: list[tuple[str, dict, float]] = []
         for trainer in sorted(set(watched) | set(stats)):
-            s = stats.get(trainer)
+            s = stats.get(trainer) or _Counts()
             labels = self.labels(pid=trainer)
-            if s is not None and s.batches:
+            if s.batches:
                 self.totals.add(trainer, s.batches)
                 out.append(("dataloader_batch_wait_ms", labels, s.wait_ns / s.batches / 1e6))
-                if s.intervals:
-                    out.append(("step_time_ms", dict(labels), s.interval_ns / s.intervals / 1e6))
             elif trainer in waiting:
                 out.append(("dataloader_batch_wait_ms", labels, waiting[trainer]))
-                since = self._since_last(trainer, watched.get(trainer, set()), now_ns)
+            if s.intervals:               # steps closed: at a batch, or where a wait began
+                out.append(("step_time_ms", dict(labels), s.interval_ns / s.intervals / 1e6))
+            elif not s.batches and trainer in waiting:
+                since = self._since_last(trainer, now_ns)
                 if since is not None:
                     out.append(("step_time_ms", dict(labels), since))
         for trainer, total in self.totals.items():

@@ -13,6 +13,7 @@ bottleneck, the object store, a two-rank PyTorch job (gloo, DDP) and its
    changes the running job's DataLoader from 2 to 8 workers (in the JSON lines
    and in the rank's cgroup), which lowers the batch wait under store latency;
    its undo brings 2 workers back.
+4. Checkpoints pause every rank: rank 0 writes while rank 1 waits at a barrier.
 
 Ratios are asserted coarsely (measured here: baseline ~185 ms, unmarked bulk
 ~2.3-3.5x, CS1 bulk ~1.05x); the whole file takes about 95 s.
@@ -231,3 +232,25 @@ def test_prefetch_hook_changes_the_running_job(fresh):
     print(f"batch wait ms under 50 ms store latency: 2 workers {starved:.0f}, 8 workers {fed:.0f}")
     assert starved > 80, "50 ms per item starves 2 workers"
     assert fed < 0.5 * starved
+
+
+def test_checkpoints_pause_every_rank(fresh):
+    """``checkpoint_every``: rank 0 writes and fsyncs a checkpoint every N steps
+    while rank 1 waits for it at a barrier, so the step after each checkpoint
+    is long on both ranks (the natural jitter of the no-fault run)."""
+    require_testbed()
+    with testbed.Testbed(prefix=fresh("k")) as tb:
+        job = tb.start_job(steps=25, hooks=False, checkpoint_every=10)
+        assert job.wait(timeout=180) == [0, 0]
+        marks = {r: job.checkpoints(rank=r) for r in (0, 1)}
+        steps = {r: {s["step"]: s for s in job.steps(rank=r)} for r in (0, 1)}
+    print({r: [c["ms"] for c in marks[r]] for r in marks})
+    for r in (0, 1):
+        assert [c["step"] for c in marks[r]] == [10, 20], marks[r]
+        for c in marks[r]:
+            after = steps[r][c["step"] + 1]
+            assert after["step_ms"] >= c["ms"], (r, c, after)          # the pause is in the next step
+    for mine, other in zip(marks[0], marks[1]):
+        assert other["ms"] >= 0.5 * mine["ms"], (mine, other)         # rank 1 waited for rank 0's write
+    typical = sorted(s["step_ms"] for s in steps[0].values())[len(steps[0]) // 2]
+    assert all(steps[0][c["step"] + 1]["step_ms"] > 2 * typical for c in marks[0]), (typical, marks[0])

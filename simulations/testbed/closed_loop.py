@@ -23,7 +23,9 @@ c      numa-repin    rank 0 and its workers (which decode, 5 ms of CPU an
 d      starvation    the store serves one request at a time (throughput-
                      capped) -> the hook does not help -> verify fails ->
                      rollback -> alert to a real Alertmanager
-e      (none)        no fault for ``quiet`` seconds -> no action
+e      (none)        no fault for ``quiet`` seconds, with the job's natural
+                     jitter (an epoch turn every ``EPOCH_STEPS`` steps, a
+                     checkpoint pause every ``CHECKPOINT_STEPS``) -> no action
 =====  ============  =====================================================
 
 Example::
@@ -51,6 +53,8 @@ from .faults import BulkUpload, Misplaced, Nothing, StoreLatency, StoreSerial
 from .state import diff, snapshot
 from .topology import EPOCH_STEPS, Testbed
 
+CHECKPOINT_STEPS = 300     # the no-fault run's job: rank 0 checkpoints every that many steps, the other waits
+
 FAULTS = {
     "a": {"name": "bulk upload on the bottleneck", "policy": "nccl-congestion-dscp",
           "make": lambda tb, job: BulkUpload(tb), "ends": "verified"},
@@ -63,7 +67,8 @@ FAULTS = {
           "timeout": 240.0},       # slow to detect here (see docs/benchmarks.md), then a 90 s verify
     "d": {"name": "store serving one request at a time", "policy": "dataloader-starvation",
           "make": lambda tb, job: StoreSerial(tb, 20), "ends": "alerted"},
-    "e": {"name": "no fault", "policy": None, "make": lambda tb, job: Nothing(tb), "ends": None},
+    "e": {"name": "no fault", "policy": None, "make": lambda tb, job: Nothing(tb), "ends": None,
+          "job": {"checkpoint_every": CHECKPOINT_STEPS}},
 }
 
 
@@ -176,10 +181,27 @@ def run_fault(key: str, out_dir: Path, *, baseline: float = 40.0, settle: float 
             result["neighbour"] = _neighbour(other, ctl.audit_path, onset, end, waited)
             other.stop()
         result["job"] = job.name
+        if spec.get("job", {}).get("checkpoint_every"):
+            result["jitter"] = jitter(job, onset - waited, end)
         job.stop()
     result["report"] = write_report(ctl.audit_path, out_dir / "report")
     (out_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def jitter(job, t0: float, t1: float) -> dict:
+    """The job's own pauses between ``t0`` and ``t1``: epoch turns (a new
+    iterator's first step), checkpoints, and the step-time spread they make."""
+    steps = job.steps(t0, t1, rank=0)
+    ms = sorted(s["step_ms"] for s in steps)
+    pauses = [c["ms"] for c in job.checkpoints(rank=0) if t0 <= c["ts"] <= t1]
+    return {"steps": len(steps),
+            "epoch_turns": sum(1 for s in steps if s["step"] % EPOCH_STEPS == 1),
+            "checkpoints": len(pauses),
+            "checkpoint_ms": {"median": round(statistics.median(pauses), 1), "max": round(max(pauses), 1)}
+            if pauses else None,
+            "step_ms": {"median": round(statistics.median(ms), 1), "p99": round(ms[int(0.99 * (len(ms) - 1))], 1),
+                        "max": round(ms[-1], 1)} if ms else None}
 
 
 def _neighbour(other, audit: Path, onset: float, end: float, waited: float) -> dict:

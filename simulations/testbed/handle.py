@@ -111,6 +111,12 @@ class Job:
                if line.get("event") == "step" and since <= line["ts"] <= until]
         return sorted(out, key=lambda s: s["ts"])
 
+    def checkpoints(self, rank: int | None = None) -> list[dict]:
+        """Checkpoint lines (``--checkpoint-every``), of one rank or all, in time order."""
+        out = [line for r in self.ranks if rank in (None, r.rank) for line in r.lines()
+               if line.get("event") == "checkpoint"]
+        return sorted(out, key=lambda c: c["ts"])
+
     def median_step_ms(self, t0: float, t1: float, rank: int | None = None) -> float:
         return self._stat(statistics.median, "step_ms", t0, t1, rank)
 

@@ -9,7 +9,11 @@ fresh connection) becomes a 256-feature tensor (the mean of its bytes in rows
 of 256) after a decode costing ``--decode-ms`` of the worker's CPU (default 0).
 The DataLoader is PyTorch's default kind (``--workers`` 2,
 ``--prefetch`` 2, no persistent workers): every ``--epoch-steps`` steps a new
-iterator forks new ``pt_data_worker`` processes.
+iterator forks new ``pt_data_worker`` processes. With ``--checkpoint-every N``
+every N steps rank 0 writes a checkpoint of ``--checkpoint-mb`` MiB into
+``--checkpoint-dir`` and fsyncs it while the other ranks wait for it at a
+barrier, as a synchronous ``torch.save`` on rank 0 pauses a data-parallel job:
+the long step of a real job's natural jitter.
 
 Framework hooks (``reflexarc.actuators.hooks``, job ``--job`` or the
 launcher's from the environment, socket in ``--hook-dir``; none with
@@ -24,7 +28,8 @@ the next step, mid-epoch, with the new settings.
 Stdout, one JSON object per line: ``{"event": "ready", ...}``; per step
 ``{"event": "step", "ts": wall clock, "rank", "step", "step_ms", "wait_ms", "pre_collective_ms",
 "workers", "prefetch"}`` (``step_ms`` from the end of the previous step,
-waiting included); ``{"event": "done", ...}``. The ranks agree every step
+waiting included); after each checkpoint ``{"event": "checkpoint", "ts", "rank",
+"step", "ms"}``; ``{"event": "done", ...}``. The ranks agree every step
 (a one-float all-reduce) on whether to stop, so ``--duration``, ``--steps`` and
 SIGTERM to any rank end them all after the same step.
 
@@ -47,6 +52,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from datetime import timedelta
@@ -138,6 +144,25 @@ class Feed:
         del old
 
 
+def checkpoint(args: argparse.Namespace, directory: str) -> float:
+    """Rank 0 writes ``--checkpoint-mb`` MiB and fsyncs them, the others wait at
+    the barrier; every rank prints how long the pause took."""
+    began = time.perf_counter()
+    if args.rank == 0:
+        chunk = os.urandom(1 << 20)
+        path = os.path.join(directory, "checkpoint.bin")
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            for _ in range(args.checkpoint_mb):
+                os.write(fd, chunk)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(path + ".tmp", path)
+    dist.barrier()
+    return (time.perf_counter() - began) * 1000.0
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rank", type=int, required=True)
@@ -160,6 +185,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--epoch-steps", type=int, default=100)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--prefetch", type=int, default=2)
+    ap.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: none)")
+    ap.add_argument("--checkpoint-mb", type=int, default=512, help="MiB rank 0 writes per checkpoint")
+    ap.add_argument("--checkpoint-dir", default=None, help="where rank 0 writes it (default: a temporary directory)")
     end = ap.add_mutually_exclusive_group()
     end.add_argument("--steps", type=int, default=None)
     end.add_argument("--duration", type=float, default=None, help="seconds")
@@ -194,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         parameters=sum(p.numel() for p in model.parameters()))
     deadline = time.monotonic() + args.duration if args.duration else float("inf")
     step, last = 0, time.perf_counter()
-    with hooks or contextlib.nullcontext():
+    with hooks or contextlib.nullcontext(), contextlib.ExitStack() as stack:
+        checkpoints = args.checkpoint_dir
+        if args.checkpoint_every and args.rank == 0 and checkpoints is None:
+            checkpoints = stack.enter_context(tempfile.TemporaryDirectory(prefix="reflexarc-checkpoint-"))
         while True:
             waited = time.perf_counter()
             x = feed.next(step)
@@ -221,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                 workers=feed.workers, prefetch=feed.prefetch, loss=round(loss.item(), 6))
             if stop.item() > 0:
                 break
+            if args.checkpoint_every and step % args.checkpoint_every == 0:
+                say(event="checkpoint", rank=args.rank, step=step, ms=round(checkpoint(args, checkpoints), 1))
     say(event="done", rank=args.rank, steps=step)
     dist.destroy_process_group()
     return 0

@@ -331,7 +331,7 @@ class Testbed:
                   epoch_steps: int = EPOCH_STEPS, decode_ms: float = 0.0, steps: int | None = None,
                   duration: float | None = None, ready_timeout: float = 90.0, launcher: str = "torchrun",
                   hooks: bool = True, store_url: str | None = None, ranks: int | None = None,
-                  compute_ms: float = 0.0) -> Job:
+                  compute_ms: float = 0.0, checkpoint_every: int = 0) -> Job:
         """Start the training job, one process per rank in its namespace and cgroup,
         and wait until every rank is ready; ``steps`` or ``duration`` ends it (none:
         it runs until ``stop()``). ``ranks``: fewer ranks than the testbed has (the
@@ -341,7 +341,9 @@ class Testbed:
         environment with each rank in its own pod-style cgroup (a PyTorchJob's pod
         per node), or Slurm's with each rank in its job step's cgroup. Nothing
         names the job to the controller: it finds it. Without ``hooks`` the job
-        is unmodified: it imports nothing of reflexarc's hook library."""
+        is unmodified: it imports nothing of reflexarc's hook library.
+        ``checkpoint_every``: rank 0 writes a checkpoint every that many steps
+        while the others wait (``job.py``'s ``--checkpoint-every``; 0: none)."""
         n = next(self._jobs)
         rendezvous = f"{self.rank_addr(0)}:{RENDEZVOUS_PORT + n}"
         world = ranks or self.ranks
@@ -356,6 +358,7 @@ class Testbed:
                     "--prefetch", str(prefetch), "--batch", str(batch), "--epoch-steps", str(epoch_steps),
                     "--decode-ms", str(decode_ms), "--compute-ms", str(compute_ms)]
             argv += ["--hook-dir", str(self.hook_dir)] if hooks else ["--no-hooks"]
+            argv += ["--checkpoint-every", str(checkpoint_every)] if checkpoint_every else []
             argv += ["--steps", str(steps)] if steps else []
             argv += ["--duration", str(duration)] if duration else []
             log = f"job{n}-r{i}"

@@ -9,6 +9,9 @@ item (a slow source: storage, decoding), so with slow items the loop waits for
 its workers. Each step is a tiny linear model's forward, backward and SGD
 update, then ``--step-ms`` of sleep standing in for the accelerator's time
 (a GPU job's training process sleeps in the driver while its kernels run).
+With ``--slow-worker-ms`` worker 0's items take longer, so its batches are
+finished after the other workers' later ones: the DataLoader, which returns
+batches in order, reads several in one ``next()`` and keeps the early ones.
 Without ``--persistent`` every epoch (``--epoch-items`` items) starts new
 worker processes and a new data queue, as PyTorch does by default; the new
 queue often gets fd numbers of its own (the old one's are not all closed yet),
@@ -51,23 +54,29 @@ import time
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 FEATURES, CLASSES = 32, 4
 
 
 class SleepyDataset(Dataset):
-    """Item i: ``item_ms`` of sleep, then a small random feature vector and its label."""
+    """Item i: ``item_ms`` of sleep (``slow_worker_ms`` more in worker 0), then a
+    small random feature vector and its label."""
 
-    def __init__(self, items: int, item_ms: float) -> None:
-        self.items, self.item_s = items, item_ms / 1000.0
+    def __init__(self, items: int, item_ms: float, slow_worker_ms: float = 0.0) -> None:
+        self.items, self.item_s, self.slow_s = items, item_ms / 1000.0, slow_worker_ms / 1000.0
 
     def __len__(self) -> int:
         return self.items
 
     def __getitem__(self, i: int):
-        if self.item_s > 0:
-            time.sleep(self.item_s)
+        pause = self.item_s
+        if self.slow_s:
+            info = get_worker_info()
+            if info is not None and info.id == 0:
+                pause += self.slow_s
+        if pause > 0:
+            time.sleep(pause)
         return torch.randn(FEATURES), i % CLASSES
 
 
@@ -81,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-ms", type=float, default=5.0, help="sleep per step: the accelerator's time")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--slow-worker-ms", type=float, default=0.0,
+                    help="more sleep per item in worker 0: its batches finish after later ones (out of order)")
     ap.add_argument("--epoch-items", type=int, default=1 << 30, help="items per epoch (default: one endless epoch)")
     ap.add_argument("--persistent", action="store_true", help="persistent_workers=True")
     ap.add_argument("--shift-fds", action="store_true",
@@ -93,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    loader = DataLoader(SleepyDataset(args.epoch_items, args.item_ms), batch_size=args.batch,
+    loader = DataLoader(SleepyDataset(args.epoch_items, args.item_ms, args.slow_worker_ms), batch_size=args.batch,
                         num_workers=args.workers, persistent_workers=args.persistent)
     model = nn.Linear(FEATURES, CLASSES)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
