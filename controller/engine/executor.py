@@ -11,6 +11,8 @@ that the journal does not list. A ``reverted`` step it cannot take is named in
 the next start reverts it again (reverting is idempotent).
 ``dry-run`` stops after the plan and returns the diff. ``alert-only`` stops
 after the plan and raises an alert that describes the change instead.
+Notify-only actuators (alert, log) send in ``enforce`` and ``alert-only`` and
+only plan in ``dry-run``.
 
 With a fleet budget (``controller/fleet/budget.py``, which needs a journal),
 ``enforce`` first takes a slot of the pool ``policy:<policy>`` before it
@@ -20,8 +22,6 @@ journaled or applied. The slot is given back once the change is closed:
 reverted, closed without a revert (kept, forgotten, its target gone), or
 failed and undone. A change whose undo failed keeps its slot (it may still be
 on the system). Dry-run, alert-only and notifications never touch the budget.
-Notify-only actuators (alert, log) send in ``enforce`` and ``alert-only`` and
-only plan in ``dry-run``.
 
 Example::
 
