@@ -30,6 +30,7 @@ class Outcome(StrEnum):
     KEPT = "kept"                  # rollback: never; the journal entry is closed
     TARGET_GONE = "target-gone"    # the process or object the change was made for no longer exists
     FORGOTTEN = "forgotten"        # an operator closed the entry without a revert (rollback --forget)
+    REFUSED = "refused"            # enforce: the fleet's budget gave no slot; nothing was applied
 
 
 WOULD_HAVE_ACTED = frozenset({Outcome.PLANNED, Outcome.ALERTED})

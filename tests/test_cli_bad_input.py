@@ -113,6 +113,21 @@ CASES = [
         ("probes", "--policy", ""), (*RUN, "--replay", ""), (*RUN, "--audit", ""), (*RUN, "--kill-switch", ""),
         ("--sys-root", "", "validate", "{policy}"), ("--proc-root", "", "validate", "{policy}"),
         ("validate", "{policy}", "--sys-root", ""), ("act", "log", "message=x", "--state-dir", ""))],
+    # the fleet budget's options: each value checked by the parser, the combinations by run
+    *[((*RUN, option, value), 2, option) for option, value in (
+        ("--fleet-etcd", ""), ("--fleet-etcd", "ftp://127.0.0.1:2379"), ("--fleet-etcd", "127.0.0.1:99999"),
+        ("--fleet-etcd", "http://127.0.0.1:2379,"), ("--fleet-etcd", "http://127.0.0.1:2379/v3"),
+        ("--fleet-etcd", "http://:2379"), ("--fleet-max-nodes", "0"), ("--fleet-max-nodes", "-1"),
+        ("--fleet-max-nodes", "1.5"), ("--fleet-max-nodes", "x"), ("--fleet-max-percent", "0"),
+        ("--fleet-max-percent", "101"), ("--fleet-max-percent", "nan"), ("--fleet-max-percent", "inf"),
+        ("--fleet-max-percent", "x"), ("--fleet-ttl", "1"), ("--fleet-ttl", "2.5"), ("--fleet-ttl", "2h"),
+        ("--fleet-ttl", "nan"), ("--fleet-ttl", "x"), ("--fleet-prefix", ""), ("--fleet-prefix", "reflexarc"),
+        ("--fleet-prefix", "/"), ("--fleet-prefix", "/a b"), ("--node-name", ""), ("--node-name", "a/b"),
+        ("--node-name", "a b"))],
+    ((*RUN, "--fleet-max-nodes", "2"), 1, "--fleet-max-nodes needs --fleet-etcd"),
+    ((*RUN, "--fleet-max-percent", "10"), 1, "--fleet-max-percent needs --fleet-etcd"),
+    ((*RUN, "--node-name", "a"), 1, "--node-name needs --fleet-etcd"),
+    ((*RUN, "--fleet-etcd", "http://127.0.0.1:2379"), 1, "needs a limit"),
     # CPU lists: one parser for policies and act; a huge range is refused before it is expanded
     (("act", "affinity", "cpus=0-99999999999", "--pid", "1"), 1, "CPU 99999999999 is out of range"),
     (("act", "affinity", "cpus=3-1", "--pid", "1"), 1, "runs backwards"),

@@ -146,3 +146,25 @@ def test_an_operator_rollback_is_decided_by_the_run():
     seen = drive(run.withdraw(ac, "by hand", 3.0), applied)
     assert isinstance(seen[0], Revert) and seen[0].note == "by hand" and not run.changes
     assert moves(seen) == [("verifying", "recovering"), ("recovering", "rolled_back"), ("rolled_back", "cooldown")]
+
+
+def test_a_refusal_of_the_fleet_budget_sends_the_run_back_to_firing_until_its_retry():
+    """Nothing applied: acting -> firing (trigger ``refused``), held there as the
+    ``fleet_budget`` limit for ``BUDGET_RETRY_S``, then the same action is asked again."""
+    bus, run = a_run(policy(for_=0.0), 300.0)
+    refused = lambda d: (StepResult(Outcome.REFUSED, None, None, "fleet budget: budget-full", refused="budget-full")
+                         if isinstance(d, Act) else applied(d))
+    seen = drive(run.step(1.0, Room()), refused)
+    assert moves(seen)[-2:] == [("firing", "acting"), ("acting", "firing")]
+    assert [d.trigger for d in seen if isinstance(d, Transitioned)][-1] == "refused"
+    assert "budget-full" in [d for d in seen if isinstance(d, Transitioned)][-1].note
+    assert run.state == "firing" and not run.changes and not run.action_times, "a refusal takes nothing"
+    waiting = drive(run.step(2.0, Room()), applied)
+    assert [d.reason for d in waiting if isinstance(d, Limited)] == [lifecycle.BUDGET_LIMIT]
+    assert not any(isinstance(d, Act) for d in waiting) and run.state == "firing"
+    bus.publish("step_time_ms", {"job": "j", "rank": "0"}, 300.0, 1.0 + lifecycle.BUDGET_RETRY_S - 0.5)
+    still = drive(run.step(1.0 + lifecycle.BUDGET_RETRY_S - 0.5, Room()), applied)
+    assert not any(isinstance(d, (Act, Limited)) for d in still), "the wait says so once"
+    again = drive(run.step(1.0 + lifecycle.BUDGET_RETRY_S, Room()), applied)
+    assert [(d.step, d.mode) for d in again if isinstance(d, Act)] == [(0, "enforce")]
+    assert run.state == "verifying" and [ac.journal_id for ac in run.changes] == ["j0"]

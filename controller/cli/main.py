@@ -51,7 +51,8 @@ from reflexarc.core.input_files import InputFileError
 from ..policy.model import MODES
 from ..runtime.narrate import LOG_FORMATS, configure_logging
 from .act import actuators_help, cmd_act
-from .args import _address_arg, _count_arg, _duration_arg, _interval_arg, _path_arg, _port_arg, _size_mb_arg
+from .args import (_address_arg, _count_arg, _duration_arg, _endpoints_arg, _interval_arg, _key_prefix_arg,
+                   _node_name_arg, _path_arg, _percent_arg, _port_arg, _positive_count_arg, _size_mb_arg, _ttl_arg)
 from .explain import cmd_explain
 from .jobs import cmd_jobs
 from .journal import cmd_journal
@@ -226,6 +227,23 @@ def build_parser() -> Parser:
                            help="at most this many active remediations on the node (default %(default)s)")
             s.add_argument("--actions-per-hour", type=_count_arg, default=20,
                            help="at most this many changes an hour on the node (default %(default)s)")
+            fleet = s.add_argument_group("fleet budget", "at most N nodes, or P % of the live fleet, acting at "
+                                                         "once per enforcing policy, held in etcd (docs/fleet.md)")
+            fleet.add_argument("--fleet-etcd", type=_endpoints_arg, metavar="URL[,URL...]",
+                               help="the etcd cluster's client URLs; with it, every enforce change first takes a "
+                                    "slot, and is refused while etcd is out of reach")
+            fleet.add_argument("--fleet-max-nodes", type=_positive_count_arg, metavar="N",
+                               help="at most N nodes acting at once per policy")
+            fleet.add_argument("--fleet-max-percent", type=_percent_arg, metavar="P",
+                               help="at most P %% of the live nodes (rounded up, at least 1) acting at once per "
+                                    "policy; with --fleet-max-nodes, the smaller of the two")
+            fleet.add_argument("--fleet-ttl", type=_ttl_arg, default=15, metavar="SECONDS",
+                               help="the node's lease: a dead node's slots are free this long after its last "
+                                    "renewal (default %(default)s)")
+            fleet.add_argument("--fleet-prefix", type=_key_prefix_arg, default="/reflexarc", metavar="PREFIX",
+                               help="the etcd keys of this fleet (default %(default)s)")
+            fleet.add_argument("--node-name", type=_node_name_arg, metavar="NAME",
+                               help="this node in the fleet (default: the host name)")
         if name == "probes":
             s.add_argument("--dump-bpf", action="store_true", help="print the final C of each probe")
         if name == "top":

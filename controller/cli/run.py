@@ -4,7 +4,9 @@ controller left applied is reverted or adopted (``_reconcile``); then the
 policies (refused when one would enforce from a file another user can write:
 ``_refuse_untrusted``), the sources (replay, NVML, the hooks, PromQL, the
 probes on the policies' ``_selection``), the metrics exporter
-(``_metrics_server``), the controller, the reloader (SIGHUP or a changed
+(``_metrics_server``), the fleet budget (``_fleet_budget``: ``--fleet-etcd``,
+registered just before the loop, its lease revoked when it stops), the
+controller, the reloader (SIGHUP or a changed
 policy file: ``runtime.reload``) and the control socket (``_control``:
 ``runtime.control``, answered by ``runtime.steer``); ``runtime.live.run_live``
 loops until ``--duration`` ends or a signal stops it.
@@ -75,6 +77,31 @@ def _metrics_server(args, registry):
         raise CliError(f"--metrics-addr {shown}: cannot listen there: {exc.strerror or exc}") from None
 
 
+FLEET_OPTIONS = ("fleet_max_nodes", "fleet_max_percent", "node_name")
+
+
+def _fleet_budget(args):
+    """The fleet budget of ``run --fleet-etcd`` (``controller/fleet/``), not yet
+    registered; None without ``--fleet-etcd``. An option of the budget without
+    it, or a budget without a limit, is an error."""
+    if not args.fleet_etcd:
+        given = [f"--{name.replace('_', '-')}" for name in FLEET_OPTIONS if getattr(args, name) is not None]
+        if given:
+            raise CliError(f"{given[0]} needs --fleet-etcd (the etcd cluster that holds the fleet's budget)")
+        return None
+    if args.fleet_max_nodes is None and args.fleet_max_percent is None:
+        raise CliError("--fleet-etcd needs a limit: --fleet-max-nodes N, --fleet-max-percent P, or both")
+    import socket
+
+    from ..fleet.budget import FleetBudget
+    from ..fleet.store import EtcdStore
+    node = args.node_name or socket.gethostname()
+    if not node or "/" in node:
+        raise CliError(f"the host name {node!r} cannot name this node in the fleet: give --node-name NAME")
+    return FleetBudget(EtcdStore(args.fleet_etcd), node, max_nodes=args.fleet_max_nodes,
+                       max_percent=args.fleet_max_percent, ttl=args.fleet_ttl, prefix=args.fleet_prefix)
+
+
 def _reconcile(executor, journal) -> list:
     """Revert (or adopt) what the journal lists open, then compact it; a line on
     stderr for each change reverted or not, since the audit is not open yet."""
@@ -126,6 +153,7 @@ def cmd_run(args) -> int:
     config.audit_path = str(audit_path.resolve())
     registry = build_registry(config)
     reconciled = _reconcile(Executor(registry, journal, clock), journal)
+    budget = _fleet_budget(args)
     _output_file(str(audit_path), "the audit log")
     files = PolicyFiles(_paths_or_builtin(args.policy))   # before the load: a change while starting is reloaded
     policies = _load_policies(args.policy, withhold=True)
@@ -190,7 +218,7 @@ def cmd_run(args) -> int:
                                                     max_bytes=int(args.audit_max_mb * (1 << 20)),
                                                     listeners=[Narrator(args.log_format)]),   # each event on stderr
                      limits=LimitSettings(args.kill_switch, args.max_active, args.actions_per_hour),
-                     target_grace=args.target_grace)
+                     target_grace=args.target_grace, budget=budget)
     reloader = Reloader(ctl, files, facts, receiver=bool(args.alertmanager_url or args.webhook_url),
                         selection=None if manager is None else lambda ps: _selection(ps, args.job))
     hup = _set_hup(lambda *_: reloader.request())   # reload at the next tick
@@ -202,11 +230,15 @@ def cmd_run(args) -> int:
         from ..runtime.exporter import export_live_state
         export_live_state(metrics.registry, ctl.bus, manager, journal, ctl.audit,
                           alerts=lambda: registry.built("alert"))
+    if budget is not None:
+        budget.start()
     try:
         summary = run_live(ctl, sources, clock, args.interval, args.duration, server, reloader=reloader,
                            control=control)
     finally:
         _set_hup(hup)
+        if budget is not None:
+            budget.stop()         # the lease revoked: the node's slots are free at once
     journal.close()
     print(json.dumps({k: v for k, v in summary.items() if k != "states"}, sort_keys=True))
     print(f"audit: {audit_path}")

@@ -12,6 +12,13 @@ and its metric series go with it. A change whose target no longer exists
 (every process it pinned exited) closes its journal entry as ``target-gone``.
 Memory and CPU follow the live targets, not history.
 
+With a fleet budget (``budget=``, ``controller/fleet/budget.py``), an enforce
+change first takes a slot of its policy's pool; a refusal is audited as an
+``action`` with the outcome ``refused``, counted in
+``reflexarc_budget_refused_total{reason}``, and the run waits in ``firing``
+(``lifecycle.BUDGET_RETRY_S``) before it tries again. Changes already applied
+go on under their own rollback rules whatever the store does.
+
 Each run decides and the controller carries it out: a run's entry points
 (``RuleRun.step`` and the others) yield decisions (``decisions.py``) that
 ``_drive`` audits, counts and acts on, sending back the results the run waits
@@ -54,6 +61,7 @@ import threading
 from reflexarc.actuators.base import Change, Registry
 from reflexarc.core.outcomes import TAKEN, Outcome
 
+from ..fleet.budget import FleetBudget
 from ..policy.model import Policy, Rule, conditions_of, when_tree
 from .audit import AuditLog
 from .bus import SignalBus
@@ -147,7 +155,8 @@ class Controller:
                  mode_override: str | None = None, journal: Journal | None = None,
                  audit: AuditLog | None = None, metrics: ControllerMetrics | None = None,
                  limits: LimitSettings | None = None, real_sleep: bool = True,
-                 target_grace: float = 60.0, min_history: float = 60.0) -> None:
+                 target_grace: float = 60.0, min_history: float = 60.0,
+                 budget: FleetBudget | None = None) -> None:
         self.policies = policies
         self.bus = bus
         self.registry = registry
@@ -157,7 +166,8 @@ class Controller:
         self.audit = audit or AuditLog(None, clock)
         self.metrics = metrics or ControllerMetrics()
         self.limits = NodeLimits(limits)
-        self.executor = Executor(registry, journal, clock, real_sleep=real_sleep)
+        self.budget = budget
+        self.executor = Executor(registry, journal, clock, real_sleep=real_sleep, budget=budget)
         self.target_grace = target_grace
         self.min_history = min_history
         self.held = Tally()
@@ -442,6 +452,8 @@ class Controller:
         if res.outcome in TAKEN and self.registry.spec(actuator).changes_system:
             self.limits.record(now)
             self._room = self.limits.room(now, self.hold)
+        if res.outcome is Outcome.REFUSED:
+            self.metrics.budget_refused.labels(res.refused).inc()
         self.audit_action(run, act.step, res.change, res.outcome, res.journal_id, res.error, act.mode)
         return res
 
@@ -540,7 +552,8 @@ class Controller:
 
     def let_go(self, run: RuleRun, ac: ActiveChange) -> None:
         """Stop holding ``ac`` without undoing it (an operator closed its journal
-        entry): the run goes on as if its target were gone."""
+        entry): the run goes on as if its target were gone; its fleet slot is given back."""
+        self.executor.closed(ac.journal_id)
         self._drive(run, run.target_gone([ac]), self.clock.now())
 
     # --- reporting --------------------------------------------------------------

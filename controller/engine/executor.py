@@ -14,6 +14,15 @@ after the plan and raises an alert that describes the change instead.
 Notify-only actuators (alert, log) send in ``enforce`` and ``alert-only`` and
 only plan in ``dry-run``.
 
+With a fleet budget (``controller/fleet/budget.py``, which needs a journal),
+``enforce`` first takes a slot of the pool ``policy:<policy>`` before it
+journals the intent; a refusal (the budget full, the store out of reach or
+answering an error) is ``REFUSED`` with the reason in ``refused``: nothing is
+journaled or applied. The slot is given back once the change is closed:
+reverted, closed without a revert (kept, forgotten, its target gone), or
+failed and undone. A change whose undo failed keeps its slot (it may still be
+on the system). Dry-run, alert-only and notifications never touch the budget.
+
 Example::
 
     ex = Executor(registry, journal, clock)
@@ -21,6 +30,7 @@ Example::
     step.outcome        # an Outcome: APPLIED, PLANNED, ALERTED, NOOP, NOTIFIED, FAILED
     ex.revert(step.change, step.journal_id, mode="enforce")
     ex.deliver_notices()     # at stop: the alerts queued (resolutions too) go out, within the deadline
+    Executor(registry, journal, clock, budget=FleetBudget(store, "node-a", max_nodes=2))   # fleet-wide slots
 
 Overhead: the actuator's own cost, one fsync per journal step.
 """
@@ -37,11 +47,14 @@ from reflexarc.actuators.base import (ActuatorError, Change, PermanentActuatorEr
                                       TemporaryActuatorError)
 from reflexarc.core.outcomes import Outcome
 
+from ..fleet.budget import FleetBudget, Refused
 from .journal import Entry, Journal, JournalWriteError
 
 log = logging.getLogger("reflexarc.executor")
 
 FAULT_ENV = "REFLEXARC_FAULT_INJECT"   # "after-intent" | "after-apply": SIGKILL self there
+CLOSING = frozenset({Outcome.FAILED, Outcome.REVERTED, Outcome.TARGET_GONE, Outcome.KEPT, Outcome.FORGOTTEN})
+"""Journal states that close an entry: its fleet slot is given back."""
 
 
 @dataclass
@@ -52,6 +65,7 @@ class StepResult:
     error: str | None = None
     notice: Change | None = None   # an alert sent by this step, to resolve when the rule clears
     unrecorded: str | None = None  # the journal step this change could not record
+    refused: str | None = None     # REFUSED: the fleet budget's reason (budget-full, store-unreachable, ...)
 
 
 @dataclass
@@ -63,9 +77,14 @@ class RetrySettings:
 
 class Executor:
     def __init__(self, registry: Registry, journal: Journal | None, clock, retry: RetrySettings | None = None,
-                 real_sleep: bool = True) -> None:
+                 real_sleep: bool = True, budget: FleetBudget | None = None) -> None:
+        if budget is not None and journal is None:
+            raise ValueError("a fleet budget needs a journal: a slot is given back when its change's entry closes")
         self.registry = registry
         self.journal = journal
+        self.budget = budget
+        self._slots: dict[str, str] = {}     # journal id -> the budget holder of its slot
+        self._holders = 0
         self.clock = clock
         self.retry = retry or RetrySettings()
         self._sleep = clock.sleep if real_sleep else (lambda s: None)
@@ -124,12 +143,39 @@ class Executor:
             return StepResult(Outcome.FAILED, change, error=f"alert: {exc}")
         return StepResult(Outcome.ALERTED, change, notice=alert)
 
+    def _take(self, change: Change, policy: str, rule: str) -> str | StepResult | None:
+        """A slot of the fleet budget for ``change``: its holder, a ``REFUSED``
+        result, or None without a budget."""
+        if self.budget is None:
+            return None
+        self._holders += 1
+        holder = f"{policy}/{rule}/{change.target.key()}#{self._holders}"
+        try:
+            self.budget.take(f"policy:{policy}", holder)
+        except Refused as exc:
+            return StepResult(Outcome.REFUSED, change, error=f"fleet budget: {exc}", refused=exc.reason)
+        return holder
+
+    def closed(self, journal_id: str | None) -> None:
+        """The entry ``journal_id`` is closed (here, or by an operator's
+        ``forget``): give back its fleet slot, if it holds one."""
+        holder = self._slots.pop(journal_id, None) if journal_id else None
+        if holder is not None and self.budget is not None:
+            self.budget.give_back(holder)
+
     def _apply(self, change: Change, policy: str, rule: str, on_restart: str) -> StepResult:
         act = self.registry.get(change.actuator)
+        holder = self._take(change, policy, rule)
+        if isinstance(holder, StepResult):
+            return holder
         try:
             jid = self.journal.intent(change.to_dict(), policy, rule, on_restart) if self.journal else None
         except JournalWriteError as exc:     # the intent must be durable before the change
+            if holder is not None:
+                self.budget.give_back(holder)
             return StepResult(Outcome.FAILED, change, error=f"refused before apply: {exc}")
+        if holder is not None:
+            self._slots[jid] = holder
         self._fault("after-intent")
         try:
             self._retrying(act.apply, change)
@@ -149,6 +195,7 @@ class Executor:
                               unrecorded=unrecorded)
         unrecorded = self._record(jid, Outcome.APPLIED)
         if unrecorded and self._undo_partial(act, change):   # no change stays applied that the journal lacks
+            self.closed(jid)
             return StepResult(Outcome.FAILED, change, jid, f"applied, then undone: the journal could not record "
                                                            f"it ({unrecorded})", unrecorded=unrecorded)
         self._fault("after-apply")
@@ -198,8 +245,12 @@ class Executor:
         try:
             self.journal.mark(journal_id, state, note, change)
         except JournalWriteError as exc:
-            return f"not recorded: {exc}"
-        return None
+            unrecorded = f"not recorded: {exc}"
+        else:
+            unrecorded = None
+        if state in CLOSING:      # recorded or not, the change is off the system or closed: its slot is free
+            self.closed(journal_id)
+        return unrecorded
 
     def _undo_partial(self, act, change: Change) -> bool:
         try:
@@ -240,6 +291,7 @@ class Executor:
         if unrecorded and self._undo_partial(act, grown):
             # what the journal cannot list is not left applied: the whole change is
             # undone, its entry stays open for the next start (reverting is idempotent)
+            self.closed(journal_id)
             return StepResult(Outcome.REVERTED, grown, journal_id, f"grown, then undone: the journal could not "
                                                                     f"record it ({unrecorded})",
                               unrecorded=unrecorded)

@@ -4,6 +4,7 @@
                                  |            |             \\-> recovering -> rolled_back -> cooldown
                                  |            \\-> recovering -> acting (escalate to the next action)
                                  \\-> escalated (an alert was raised) -> cooldown
+                                 \\-> firing (the fleet budget refused it: tried again after BUDGET_RETRY_S)
     failure: acting/recovering -> failed -> cooldown
     any state -> failed (the run raised; see ``Controller.tick``)
     verifying/remediated/escalated/recovering -> cooldown (its target is gone)
@@ -59,6 +60,8 @@ STATES = ("ok", "pending", "firing", "acting", "verifying", "remediated", "escal
           "recovering", "rolled_back", "failed", "cooldown")
 HOLDING = ("verifying", "remediated", "escalated", "recovering")   # states that may hold a change
 FAILED_STATE = "failed"      # the state, spelled as Outcome.FAILED but not an outcome
+BUDGET_RETRY_S = 10.0        # after the fleet budget refused a change, the run waits this long in firing
+BUDGET_LIMIT = "fleet_budget"   # the limit's reason meanwhile
 
 TRANSITIONS = [
     {"trigger": "breach", "source": "ok", "dest": "pending"},
@@ -69,6 +72,7 @@ TRANSITIONS = [
     {"trigger": "applied", "source": "acting", "dest": "remediated"},
     {"trigger": "notified", "source": "acting", "dest": "escalated"},
     {"trigger": "act_failed", "source": "acting", "dest": "recovering"},
+    {"trigger": "refused", "source": "acting", "dest": "firing"},
     {"trigger": "verified", "source": "verifying", "dest": "remediated"},
     {"trigger": "verify_failed", "source": "verifying", "dest": "recovering"},
     {"trigger": "escalate", "source": "recovering", "dest": "acting", "conditions": "can_escalate"},
@@ -141,6 +145,7 @@ class RuleRun:
         self.clear_since = None     # first tick the condition was false after remediation
         self.step_index = 0
         self.acted_at = None
+        self.refused_at = None      # when the fleet budget last refused this run's change
         self.changes = HeldChanges(held)
         self.notices: list[Change] = []   # alerts sent and not yet resolved
         self.action_times: deque[float] = deque()
@@ -245,6 +250,8 @@ class RuleRun:
                 self.action_times.popleft()
             if len(self.action_times) >= ml.count:
                 return "max_actions"
+        if self.refused_at is not None and self.now - self.refused_at < BUDGET_RETRY_S:
+            return BUDGET_LIMIT
         return self.room.refuse(self.mode, self.changes.tally.count)
 
     # --- the loop ----------------------------------------------------------------
@@ -286,6 +293,7 @@ class RuleRun:
             if not result:
                 self.breach_since = None
                 self._limit_reason = None
+                self.step_index = 0     # an escalation the budget refused starts over at the next incident
                 self.calm()
                 yield from self._moves()
             else:
@@ -363,6 +371,10 @@ class RuleRun:
             yield from self._moves()
         elif outcome in (Outcome.NOTIFIED, Outcome.PLANNED):
             self.notified(note=f"{action.actuator}: {outcome}")
+            yield from self._moves()
+        elif outcome is Outcome.REFUSED:    # nothing applied: back to firing, another try after BUDGET_RETRY_S
+            self.refused_at = self.now
+            self.refused(note=f"{action.actuator}: refused by the fleet budget ({res.refused})")
             yield from self._moves()
         else:
             self.act_failed(note=res.error or outcome)

@@ -5,7 +5,8 @@ the controller retires the target; would-have-acted
 counts (dry-run and alert-only) are metrics too, so a fleet can see what
 enforcement would do before switching it on. Samples that never reached the
 bus are counted by signal and reason (rejected values and timestamps, drops
-at a bound; see ``intake.py``). The live loop's lag (how late a tick started
+at a bound; see ``intake.py``). Enforce actions the fleet budget refused are
+counted by reason. The live loop's lag (how late a tick started
 against its schedule) is the last one's and a histogram of all. What is read
 at scrape time (signals, probes, journal) is added by ``exporter.py``.
 
@@ -24,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 
 from reflexarc.core.outcomes import WOULD_HAVE_ACTED
 
+from ..fleet.budget import REASONS as BUDGET_REASONS
 from .lifecycle import STATES
 
 
@@ -75,6 +77,11 @@ class ControllerMetrics:
                                       "running policies kept)", ["outcome"], registry=r)
         for outcome in ("ok", "error"):
             self.policy_reloads.labels(outcome)
+        self.budget_refused = Counter("reflexarc_budget_refused_total",
+                                      "Enforce actions the fleet budget refused, nothing applied: budget-full, "
+                                      "store-unreachable (fail closed), store-error", ["reason"], registry=r)
+        for reason in BUDGET_REASONS:
+            self.budget_refused.labels(reason)
         self.policy_last_reload_ok = Gauge("reflexarc_policy_last_reload_ok",
                                            "1 while the policies on file are the ones running (start or last "
                                            "reload ok), 0 after a refused reload", registry=r)

@@ -32,8 +32,8 @@ from .fmt import Clock, duration, plural
 
 # every action outcome the audit writes (docs/audit-format.md), in the order the pages list them
 OUTCOMES = (Outcome.APPLIED, Outcome.PLANNED, Outcome.ALERTED, Outcome.NOTIFIED, Outcome.NOOP, Outcome.FAILED,
-            Outcome.REVERTED, Outcome.WOULD_REVERT, Outcome.KEPT, Outcome.ADOPTED, Outcome.TARGET_GONE,
-            Outcome.RESOLVED)
+            Outcome.REFUSED, Outcome.REVERTED, Outcome.WOULD_REVERT, Outcome.KEPT, Outcome.ADOPTED,
+            Outcome.TARGET_GONE, Outcome.RESOLVED)
 OUTCOME_MEANING = {
     Outcome.APPLIED: "enforce: the change was made",
     Outcome.PLANNED: "dry-run: the change it would have made",
@@ -41,6 +41,7 @@ OUTCOME_MEANING = {
     Outcome.NOTIFIED: "an alert or log action was sent",
     Outcome.NOOP: "already in the desired state",
     Outcome.FAILED: "the actuator failed",
+    Outcome.REFUSED: "enforce: the fleet budget gave no slot, nothing was changed",
     Outcome.REVERTED: "a change undone",
     Outcome.WOULD_REVERT: "dry-run: the undo it would have done",
     Outcome.KEPT: "rollback never: the change stays",

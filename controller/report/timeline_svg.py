@@ -68,6 +68,7 @@ MARKERS = {
     Outcome.REVERTED: ("down", "#5f3dc4", True, "▼"),
     Outcome.WOULD_REVERT: ("down", "#5f3dc4", False, "▽"),
     Outcome.FAILED: ("x", "#c92a2a", False, "✕"),
+    Outcome.REFUSED: ("x", "#868e96", False, "✕"),
     Outcome.ALERTED: ("diamond", "#e8590c", True, "◆"),
     Outcome.NOTIFIED: ("circle", "#e8590c", True, "●"),
     Outcome.NOOP: ("circle", "#868e96", False, "○"),

@@ -163,8 +163,11 @@ def _run(rec: dict) -> str:
             + (f" in {override}" if override else "") + (f": {names}" if names else ""))
 
 
+RELOAD_REFUSED = "refused"    # a reload's outcome, spelled as Outcome.REFUSED but not an action's
+
+
 def _reload(rec: dict) -> str:
-    if rec.get("outcome") == "refused":
+    if rec.get("outcome") == RELOAD_REFUSED:
         errors = rec.get("errors") or []
         first = f"; first: {errors[0]}" if errors else ""
         return (f"reflexarc reload refused ({rec.get('reason')}): {len(errors)} error(s){first}; "
@@ -268,9 +271,12 @@ def describe(rec: dict) -> str | None:
 
 
 def _level(rec: dict) -> str:
-    if rec.get("kind") == "error" or rec.get("outcome") in (Outcome.FAILED, "refused"):
+    kind, outcome = rec.get("kind"), rec.get("outcome")
+    if kind == "error" or outcome == Outcome.FAILED or (kind == "reload" and outcome == RELOAD_REFUSED):
         return "ERROR"
-    return "WARNING" if rec.get("kind") in ("limit", "kill_switch", "pause", "drift") else "INFO"
+    if kind == "action" and outcome == Outcome.REFUSED:      # the fleet budget: nothing applied, tried again
+        return "WARNING"
+    return "WARNING" if kind in ("limit", "kill_switch", "pause", "drift") else "INFO"
 
 
 def event(rec: dict, text: str) -> dict:

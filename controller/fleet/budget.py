@@ -1,0 +1,329 @@
+"""The cluster-wide remediation budget: at most N nodes, or P % of the live
+fleet, acting at once in a pool, counted in etcd (``store.EtcdStore``).
+
+Keys, under ``prefix`` (``/reflexarc``):
+
+- ``nodes/<node>``: the node is alive, written with its lease; the fleet's size
+  is the number of these keys;
+- ``pools/<pool>/slots/<i>``: slot ``i`` of the pool is taken (value: the node,
+  the holder that took it and when), with the node's lease, so a dead node's
+  slots free themselves when its lease runs out;
+- ``pools/<pool>/waiting/<node>``: the node wants a slot. The waiters form a
+  queue by create revision (a renewal keeps its place), so every node is
+  served in turn; a waiter not renewed for ``WAITER_FRESH_S`` (it stopped
+  asking) is passed over.
+
+The limit is ``min(N, ceil(P % x live nodes))`` of those given, at least 1
+while P is given and a node is alive. ``take`` reads the pool and, in one
+transaction, creates a free slot below the limit (only if no fresher claim
+exists: the key must not exist) and deletes the node's waiting entry; a node
+ahead in the queue goes first (the first ``free`` waiters may take the
+``free`` slots). A node holds at most one slot of a pool: a second holder on
+the same node (another rule, another target) shares it, and the slot is
+given back when its last holder gives it back.
+
+The lease is renewed every TTL/3 by a thread. A lease that ran out (the store
+unreachable for longer than the TTL) is counted in ``lost``; the node registers
+again and takes its held slots back, ahead of the queue (its changes are
+already applied); one it cannot take back (the pool filled meanwhile) is
+retried at each renewal. A slot given back while the store is unreachable is
+deleted at the next renewal that reaches it.
+
+Every failure is a typed refusal (``Refused.reason``): ``budget-full``,
+``store-unreachable`` (no endpoint answers: fail closed) or ``store-error``.
+
+Example::
+
+    budget = FleetBudget(EtcdStore(endpoints), "node-a", max_nodes=2, ttl=15)
+    budget.start()                                  # lease, node key, keep-alive thread
+    budget.take("policy:demote-bulk", "r/pid=42")   # the slot's key, or raises Refused
+    budget.give_back("r/pid=42")
+    budget.held()                                   # {"policy:...": ["r/pid=42"]}
+    budget.stop()                                   # revokes the lease: every slot it held is free
+
+Overhead: idle, one keep-alive request per TTL/3 (12 a minute at TTL 15);
+``take`` 2-3 requests (one a transaction), ``give_back`` one transaction.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .store import LEASE_GONE, Entry, EtcdStore, StoreError, StoreUnavailable
+
+log = logging.getLogger("reflexarc.fleet")
+
+WAITER_FRESH_S = 25.0      # a waiting entry not renewed for this long is passed over
+MIN_TTL = 2                # etcd's own floor is ~1.5 s (its election timeout x 1.5)
+REASONS = ("budget-full", "store-unreachable", "store-error")
+CLAIM_ROUNDS = 3           # reads and transactions tried when another node takes the slot first
+
+
+class Refused(Exception):
+    """No slot: ``reason`` is one of ``REASONS``, ``detail`` says more."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class _Slot:
+    key: str | None                    # None while the node acts without a slot (lost, not taken back yet)
+    holders: set[str] = field(default_factory=set)
+
+
+class FleetBudget:
+    def __init__(self, store: EtcdStore, node: str, max_nodes: int | None = None, max_percent: float | None = None,
+                 ttl: int = 15, prefix: str = "/reflexarc", wall=time.time) -> None:
+        if max_nodes is None and max_percent is None:
+            raise ValueError("a budget needs max_nodes, max_percent or both")
+        if max_nodes is not None and max_nodes < 1:
+            raise ValueError("max_nodes must be >= 1")
+        if max_percent is not None and not 0 < max_percent <= 100:
+            raise ValueError("max_percent must be > 0 and <= 100")
+        if not node or "/" in node:
+            raise ValueError(f"node name {node!r}: not empty, no '/'")
+        if int(ttl) < MIN_TTL:
+            raise ValueError(f"ttl must be >= {MIN_TTL} s")
+        self.store, self.node = store, node
+        self.max_nodes, self.max_percent = max_nodes, max_percent
+        self.ttl = int(ttl)
+        self.prefix = prefix.rstrip("/")
+        self._wall = wall
+        self.lease: int | None = None
+        self.lost = 0                    # leases that ran out under the node
+        self._slots: dict[str, _Slot] = {}
+        self._pool_of: dict[str, str] = {}
+        self._unreleased: list[str] = []     # slot keys given back while the store did not answer
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._outage = False
+        self.why_full = ""               # why the last claim found no slot
+
+    # --- keys ---------------------------------------------------------------------------------
+    @property
+    def node_key(self) -> str:
+        return f"{self.prefix}/nodes/{self.node}"
+
+    def pool_prefix(self, pool: str) -> str:
+        return f"{self.prefix}/pools/{pool}/"
+
+    def slot_key(self, pool: str, i: int) -> str:
+        return f"{self.pool_prefix(pool)}slots/{i}"
+
+    def waiting_key(self, pool: str) -> str:
+        return f"{self.pool_prefix(pool)}waiting/{self.node}"
+
+    def limit(self, live: int) -> int:
+        """How many nodes may act at once in a pool with ``live`` nodes alive."""
+        limits = []
+        if self.max_nodes is not None:
+            limits.append(self.max_nodes)
+        if self.max_percent is not None:
+            limits.append(max(1, math.ceil(self.max_percent * live / 100 - 1e-9)) if live else 0)
+        return min(limits)
+
+    # --- life ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Register the node (a lease and its node key) and start renewing it.
+        A store that does not answer now is not an error: the renewal retries,
+        and until it registers every ``take`` is refused (``store-unreachable``)."""
+        try:
+            with self._lock:
+                self._register()
+        except (StoreUnavailable, StoreError) as exc:
+            log.warning("fleet budget: cannot register %s yet (%s); enforce actions are refused until it can",
+                        self.node, exc)
+            self._outage = True
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._keep_alive, name="reflexarc-fleet-lease", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop renewing and revoke the lease: the node key and every slot it
+        held are gone at once (not after the TTL)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        with self._lock:
+            lease, self.lease = self.lease, None
+            self._slots.clear()
+            self._pool_of.clear()
+            self._unreleased.clear()
+        if lease is not None:
+            try:
+                self.store.revoke(lease)
+            except (StoreUnavailable, StoreError) as exc:
+                log.warning("fleet budget: lease not revoked (%s); its slots free themselves within %d s",
+                            exc, self.ttl)
+        self.store.close()
+
+    def _register(self) -> None:
+        lease = self.store.grant(self.ttl)
+        self.store.put(self.node_key, json.dumps({"since": round(self._wall(), 3), "ttl": self.ttl}), lease)
+        self.lease = lease
+
+    def _keep_alive(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            self.renew()
+
+    def renew(self) -> None:
+        """One renewal (the thread calls it every TTL/3): keep the lease, or
+        register again and take the held slots back when it ran out; delete the
+        slots given back while the store did not answer."""
+        try:
+            lease = self.lease
+            alive = lease is not None and self.store.keepalive(lease) > 0
+            with self._lock:
+                if not alive and self.lease == lease:      # not registered again meanwhile by a take
+                    self._lease_lost()
+                else:
+                    self._retake(only_unbacked=True)
+                self._release_pending()
+            if self._outage:
+                self._outage = False
+                log.warning("fleet budget: the store answers again (%s)", self.store.endpoint)
+        except (StoreUnavailable, StoreError) as exc:
+            if not self._outage:
+                self._outage = True
+                log.warning("fleet budget: renewal failed (%s); new enforce actions are refused meanwhile", exc)
+
+    def _lease_lost(self) -> None:
+        """The lease ran out (or was never granted): register again and take
+        every held slot back, ahead of the queue."""
+        if self.lease is not None:
+            self.lost += 1
+            log.warning("fleet budget: the lease of %s ran out (the store was out of its reach for over %d s); "
+                        "registering again and taking its %d slot(s) back", self.node, self.ttl, len(self._slots))
+            self.lease = None
+        self._register()
+        self._retake(only_unbacked=False)
+
+    def _retake(self, only_unbacked: bool) -> None:
+        for pool, slot in self._slots.items():
+            if only_unbacked and slot.key is not None:
+                continue
+            slot.key = self._claim(pool, next(iter(slot.holders), ""), queue=False)
+            if slot.key is None:
+                log.error("fleet budget: %s acts in %s without a slot (the pool filled while its lease was "
+                          "lost); retried at each renewal", self.node, pool)
+
+    def _release_pending(self) -> None:
+        while self._unreleased and self.lease is not None:
+            key = self._unreleased[0]
+            self.store.delete_if_leased(key, self.lease)
+            self._unreleased.pop(0)
+
+    # --- slots --------------------------------------------------------------------------------
+    def take(self, pool: str, holder: str) -> str:
+        """A slot of ``pool`` for ``holder``: its key (the slot this node
+        already holds in the pool, shared), or ``Refused``."""
+        with self._lock:
+            slot = self._slots.get(pool)
+            if slot is not None and slot.key is not None:
+                slot.holders.add(holder)
+                self._pool_of[holder] = pool
+                return slot.key
+            try:
+                if self.lease is None:
+                    self._register()
+                try:
+                    key = self._claim(pool, holder, queue=slot is None)
+                except StoreError as exc:
+                    if LEASE_GONE not in str(exc):
+                        raise
+                    self._lease_lost()             # ran out since the last renewal: register and ask again
+                    key = self._claim(pool, holder, queue=slot is None)
+            except StoreUnavailable as exc:
+                raise Refused("store-unreachable", str(exc)) from None
+            except StoreError as exc:
+                raise Refused("store-error", str(exc)) from None
+            if key is None:
+                raise Refused("budget-full", f"{pool}: {self.why_full}")
+            if slot is None:
+                slot = self._slots[pool] = _Slot(key)
+            slot.key = key
+            slot.holders.add(holder)
+            self._pool_of[holder] = pool
+            return key
+
+    def _claim(self, pool: str, holder: str, queue: bool) -> str | None:
+        """Create a free slot of ``pool``; its key, or None (and, with ``queue``,
+        the node's waiting entry written or renewed; ``why_full`` says why).
+        Without ``queue`` the node goes ahead of the waiters (it takes back a
+        slot it held)."""
+        lease = self.lease
+        self.why_full = ""
+        for _ in range(CLAIM_ROUNDS):
+            live = self.store.count(f"{self.prefix}/nodes/") if self.max_percent is not None else 0
+            limit = self.limit(live)
+            entries = self.store.prefix(self.pool_prefix(pool))
+            taken, waiters = set(), []
+            for e in entries:
+                kind, _, name = e.key[len(self.pool_prefix(pool)):].partition("/")
+                if kind == "slots" and name.isdigit():
+                    if e.lease == lease:          # a transaction whose answer was lost: it is ours
+                        return e.key
+                    taken.add(int(name))
+                elif kind == "waiting" and self._fresh(e):
+                    waiters.append(e)
+            # indices below the limit only, and no more than the limit leaves: slots above it (taken
+            # before the fleet shrank) still count, and two nodes that read alike collide on one key
+            free = [i for i in range(limit) if i not in taken][:max(0, limit - len(taken))]
+            waiters.sort(key=lambda e: e.created)
+            ahead = next((n for n, e in enumerate(waiters) if e.key == self.waiting_key(pool)), len(waiters))
+            if queue and ahead >= len(free) or not free:
+                self.why_full = (f"{len(taken)} slot(s) taken, the limit {limit}" if not free else
+                                 f"{len(free)} slot(s) free, {ahead} node(s) ahead in the queue")
+                break
+            self.why_full = f"another node took slot {free[0]} first"
+            i = free[min(ahead, len(free) - 1) if queue else 0]
+            value = json.dumps({"node": self.node, "holder": holder, "since": round(self._wall(), 3)})
+            if self.store.create(self.slot_key(pool, i), value, lease, and_delete=self.waiting_key(pool)):
+                return self.slot_key(pool, i)
+        if queue:
+            self.store.put(self.waiting_key(pool), json.dumps({"renewed": round(self._wall(), 3)}), lease)
+        return None
+
+    def _fresh(self, entry: Entry) -> bool:
+        try:
+            renewed = float(json.loads(entry.value)["renewed"])
+        except (ValueError, KeyError, TypeError):
+            return False
+        return self._wall() - renewed <= WAITER_FRESH_S
+
+    def give_back(self, holder: str) -> bool:
+        """``holder`` no longer needs its slot; the slot is deleted when it was
+        the pool's last holder on this node (later, at a renewal, when the store
+        does not answer now). Whether ``holder`` held one."""
+        with self._lock:
+            pool = self._pool_of.pop(holder, None)
+            if pool is None:
+                return False
+            slot = self._slots[pool]
+            slot.holders.discard(holder)
+            if slot.holders:
+                return True
+            del self._slots[pool]
+            if slot.key is None or self.lease is None:
+                return True
+            try:
+                self.store.delete_if_leased(slot.key, self.lease)
+            except (StoreUnavailable, StoreError) as exc:
+                log.warning("fleet budget: slot %s not given back yet (%s); retried at the next renewal",
+                            slot.key, exc)
+                self._unreleased.append(slot.key)
+            return True
+
+    def held(self) -> dict[str, list[str]]:
+        """The pools this node holds a slot of, with their holders."""
+        with self._lock:
+            return {pool: sorted(slot.holders) for pool, slot in self._slots.items()}

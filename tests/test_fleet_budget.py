@@ -1,0 +1,431 @@
+"""The fleet budget against a real etcd cluster (three members on loopback,
+``simulations/testbed/etcd.py``) and real ``reflexarc run`` controllers.
+
+Each controller is a node of its own (its state directory, its node name, its
+fixture ``/proc/sys`` tree that the ``sysctl`` actuator writes, so the machine
+is left alone) replaying slow steps, so every one of them wants to act at once
+under an enforcing policy whose pool has 2 slots. What is checked comes from
+what the nodes wrote: their journals (when each change was journaled, applied
+and closed), their audits (the refusals) and the keys left in etcd.
+
+- six controllers, the etcd leader SIGKILLed mid-run: never more than 2 changes
+  on the fleet at any instant, every node served;
+- a SIGKILLed controller that holds a slot: the slot is free within its TTL;
+- the whole store out of reach: refused, audited, counted, nothing applied,
+  and the change is made once the store answers again;
+- one slot per node in a pool; the queue serves nodes in the order they asked;
+  a slot given back while the store is away is freed when it returns.
+
+The limit's arithmetic and the endpoints' parsing need no server (fast tier).
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import require, spawn_cli, wait_until
+from reflexarc.controller.fleet.budget import FleetBudget, Refused
+from reflexarc.controller.fleet.store import EtcdStore, StoreUnavailable, parse_endpoint
+from reflexarc.core.outcomes import Outcome
+from reflexarc.simulations.testbed.etcd import EtcdCluster
+from reflexarc.simulations.testbed.local_server import free_port
+
+TTL = 6                   # the nodes' lease in these tests (s): renewed every 2 s
+SLOTS = 2
+POLICY = """\
+policies:
+  - name: fleet-test
+    mode: enforce
+    selector: {{match: {{job: j}}}}
+    rules:
+      - name: slow-steps
+        by: [rank]
+        when: {{signal: step_time_ms, agg: max, window: 2s, op: ">", threshold: 300}}
+        actions:
+          - actuator: sysctl
+            params: {{key: kernel.numa_balancing, value: "0"}}
+        rollback: {rollback}
+        cooldown: 1s
+"""
+BRIEF = "{on: [ttl, shutdown], ttl: 2s}"         # each node acts for ~2 s, then gives its slot back
+HOLD = "{on: [shutdown]}"                        # the change stays until the controller stops
+
+
+def _etcd() -> None:
+    require(shutil.which("etcd") is not None, "etcd (apt:etcd-server, scripts/bootstrap)")
+
+
+@pytest.fixture
+def etcd():
+    _etcd()
+    with EtcdCluster() as cluster:
+        yield cluster
+
+
+def _prefix() -> str:
+    return f"/rxtest-{uuid.uuid4().hex[:8]}"
+
+
+class Node:
+    """One ``reflexarc run`` of the fleet, its own state, proc tree and name."""
+
+    def __init__(self, tmp: Path, name: str, endpoints: list[str], prefix: str, rollback: str = BRIEF,
+                 extra: tuple[str, ...] = ()) -> None:
+        self.dir = tmp / name
+        self.name = name
+        self.knob = self.dir / "proc" / "sys" / "kernel" / "numa_balancing"
+        self.knob.parent.mkdir(parents=True)
+        self.knob.write_text("1\n")
+        (self.dir / "policy.yaml").write_text(POLICY.format(rollback=rollback))
+        with open(self.dir / "signals.jsonl", "w") as f:
+            for i in range(1200):          # four minutes of slow steps, every 0.2 s
+                f.write(json.dumps({"t": i * 0.2, "name": "step_time_ms", "labels": {"job": "j", "rank": "0"},
+                                    "value": 520}) + "\n")
+        self.journal_path = self.dir / "state" / "journal.jsonl"
+        self.audit_path = self.dir / "state" / "audit.jsonl"
+        self.proc = spawn_cli(
+            "--state-dir", str(self.dir / "state"), "--proc-root", str(self.dir / "proc"),
+            "--hook-dir", str(self.dir / "hooks"), "run", "--no-probes", "--replay", str(self.dir / "signals.jsonl"),
+            "--policy", str(self.dir / "policy.yaml"), "--interval", "0.2", "--mode", "policy",
+            "--kill-switch", str(self.dir / "disable"), "--fleet-etcd", ",".join(endpoints),
+            "--fleet-max-nodes", str(SLOTS), "--fleet-ttl", str(TTL), "--fleet-prefix", prefix,
+            "--node-name", name, *extra, stdout=subprocess.DEVNULL, stderr=open(self.dir / "stderr", "w"))
+
+    def _lines(self, path: Path) -> list[dict]:
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass                       # a line still being written
+        return out
+
+    def journal(self) -> list[dict]:
+        return self._lines(self.journal_path)
+
+    def audit(self) -> list[dict]:
+        return self._lines(self.audit_path)
+
+    def applied(self) -> int:
+        return sum(1 for r in self.journal() if r.get("state") == "applied")
+
+    def intervals(self) -> list[tuple[float, float]]:
+        """``[intent, closed]`` of each change it journaled (closed: inf while open)."""
+        opened, closed = {}, {}
+        for r in self.journal():
+            if r["state"] == "intent":
+                opened[r["id"]] = r["ts"]
+            elif r["state"] not in ("intent", "applied"):
+                closed.setdefault(r["id"], r["ts"])
+        return [(t, closed.get(jid, math.inf)) for jid, t in opened.items()]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stderr(self) -> str:
+        return (self.dir / "stderr").read_text(errors="replace")[-3000:]
+
+    def stop(self) -> int:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (one that ends as another starts: not both)."""
+    events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals], key=lambda e: (e[0], e[1]))
+    now = peak = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def slots(store: EtcdStore, prefix: str) -> list:
+    return store.prefix(f"{prefix}/pools/policy:fleet-test/slots/")
+
+
+# --- six controllers, two slots, the leader killed ---------------------------------------------------
+@pytest.mark.slow
+def test_six_controllers_share_two_slots_through_a_leader_kill(tmp_path, etcd):
+    prefix = _prefix()
+    nodes = [Node(tmp_path, f"node-{i}", etcd.endpoints, prefix) for i in range(6)]
+    observer = EtcdStore(etcd.endpoints)
+    try:
+        wait_until("two nodes acting", lambda: sum(n.applied() > 0 for n in nodes) >= 2
+                   or [n for n in nodes if not n.alive()], timeout=90)
+        assert all(n.alive() for n in nodes), [n.stderr() for n in nodes if not n.alive()]
+        leader = etcd.leader()
+        assert leader is not None
+        killed_at = time.time()
+        etcd.kill(leader)                                   # mid-run: slots held, nodes waiting
+        wait_until("every node served", lambda: all(n.applied() for n in nodes)
+                   or [n for n in nodes if not n.alive()], timeout=150)
+        assert all(n.alive() for n in nodes), [n.stderr() for n in nodes if not n.alive()]
+        after = [t for n in nodes for t, _ in n.intervals() if t > killed_at]
+        assert after, "no slot was taken after the leader was killed"
+    finally:
+        codes = [n.stop() for n in nodes]
+    assert codes == [0] * 6, [n.stderr() for n in nodes]
+    everything = [iv for n in nodes for iv in n.intervals()]
+    assert all(b < math.inf for _, b in everything), "a change left open after the controllers stopped"
+    assert most_at_once(everything) <= SLOTS, sorted(everything)
+    assert all(n.knob.read_text().strip() == "1" for n in nodes), "every change reverted at the end"
+    refused = [r for n in nodes for r in n.audit()
+               if r.get("kind") == "action" and r.get("outcome") == Outcome.REFUSED]
+    assert refused and all("budget-full" in r["error"] for r in refused), refused[:3]
+    assert slots(observer, prefix) == [], "every slot given back, the leases revoked"
+    assert observer.count(f"{prefix}/nodes/") == 0
+
+
+def test_the_overlap_count_can_fail():
+    assert most_at_once([(0, 2), (1, 3), (1.5, 4)]) == 3
+    assert most_at_once([(0, 1), (1, 2), (2, 3)]) == 1
+
+
+# --- a holder SIGKILLed ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_killed_holders_slot_is_freed_within_its_ttl(tmp_path, etcd):
+    prefix = _prefix()
+    node = Node(tmp_path, "holder", etcd.endpoints, prefix, rollback=HOLD)
+    observer = EtcdStore(etcd.endpoints)
+    try:
+        wait_until("the change applied", lambda: node.applied() or not node.alive(), timeout=60)
+        assert node.alive(), node.stderr()
+        (slot,) = slots(observer, prefix)
+        assert json.loads(slot.value)["node"] == "holder"
+        node.proc.send_signal(signal.SIGKILL)
+        node.proc.wait()
+        killed = time.monotonic()
+        # the lease was renewed at most TTL/3 before the kill; etcd checks expiry every 0.5 s and
+        # commits the revoke through raft: the deadline is the TTL and that
+        wait_until("the slot freed", lambda: not slots(observer, prefix), timeout=TTL + 3, every=0.1)
+        freed = time.monotonic() - killed
+    finally:
+        node.stop()
+    assert observer.count(f"{prefix}/nodes/holder") == 0, "the node key went with its lease"
+    assert node.knob.read_text().strip() == "0", "the killed node's change is still on it (its journal says so)"
+    other = FleetBudget(EtcdStore(etcd.endpoints), "other", max_nodes=1, ttl=TTL, prefix=prefix)
+    other.start()
+    try:
+        assert other.take("policy:fleet-test", "h").endswith("/slots/0"), "the freed slot can be taken"
+    finally:
+        other.stop()
+    print(f"slot freed {freed:.2f} s after the SIGKILL (TTL {TTL} s)")
+
+
+# --- the store unreachable ---------------------------------------------------------------------------
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def _refused_count(text: str, reason: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(f'reflexarc_budget_refused_total{{reason="{reason}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.mark.slow
+def test_the_store_out_of_reach_refuses_audits_counts_and_applies_nothing(tmp_path, etcd):
+    prefix = _prefix()
+    etcd.stop()                                           # every member down: nothing answers
+    port = free_port()
+    node = Node(tmp_path, "cut-off", etcd.endpoints, prefix, rollback=HOLD,
+                extra=("--metrics-addr", f"127.0.0.1:{port}"))
+    try:
+        wait_until("a refusal audited", lambda: [r for r in node.audit() if r.get("outcome") == Outcome.REFUSED]
+                   or not node.alive(), timeout=60)
+        assert node.alive(), node.stderr()
+        counted = wait_until("the refusal counted", lambda: _refused_count(_scrape(port), "store-unreachable"),
+                             timeout=30)
+        assert counted >= 1
+        assert node.knob.read_text().strip() == "1", "nothing applied"
+        assert node.journal() == [], "nothing journaled: the slot comes before the intent"
+        (first, *_) = [r for r in node.audit() if r.get("outcome") == Outcome.REFUSED]
+        assert first["mode"] == "enforce" and "store-unreachable" in first["error"], first
+        moves = [(r["from"], r["to"], r["trigger"]) for r in node.audit() if r.get("kind") == "transition"]
+        assert ("acting", "firing", "refused") in moves, moves
+        etcd.start()                                       # the store is back: the next try gets a slot
+        wait_until("the change applied once the store answers", lambda: node.applied() or not node.alive(),
+                   timeout=60)
+        assert node.knob.read_text().strip() == "0"
+        assert len(slots(EtcdStore(etcd.endpoints), prefix)) == 1
+    finally:
+        assert node.stop() == 0, node.stderr()
+    assert node.knob.read_text().strip() == "1", "reverted at the stop"
+    assert slots(EtcdStore(etcd.endpoints), prefix) == []
+
+
+# --- the budget itself, in this process --------------------------------------------------------------
+@pytest.fixture
+def budgets(etcd):
+    """``make(node, **limits)``: started budgets on one prefix, stopped at the end."""
+    prefix, made = _prefix(), []
+
+    def make(node: str, **limits) -> FleetBudget:
+        b = FleetBudget(EtcdStore(etcd.endpoints), node, ttl=TTL, prefix=prefix, **limits)
+        b.start()
+        made.append(b)
+        return b
+    make.prefix = prefix
+    yield make
+    for b in made:
+        b.stop()
+
+
+def _reason(fn) -> str:
+    with pytest.raises(Refused) as refused:
+        fn()
+    return refused.value.reason
+
+
+@pytest.mark.slow
+def test_one_slot_per_node_in_a_pool(etcd, budgets):
+    a, b, c = (budgets(n, max_nodes=2) for n in "abc")
+    observer = EtcdStore(etcd.endpoints)
+    pool_slots = f"{budgets.prefix}/pools/p/slots/"
+    first = a.take("p", "rule-1/pid=1")
+    assert a.take("p", "rule-2/pid=2") == first, "a second holder on the node shares its slot"
+    assert observer.count(pool_slots) == 1
+    b.take("p", "rule-1/pid=9")
+    assert _reason(lambda: c.take("p", "x")) == "budget-full"
+    assert a.held() == {"p": ["rule-1/pid=1", "rule-2/pid=2"]}
+    a.give_back("rule-1/pid=1")
+    assert observer.count(pool_slots) == 2, "the node still acts through its other holder"
+    assert _reason(lambda: c.take("p", "x")) == "budget-full"
+    a.give_back("rule-2/pid=2")
+    assert observer.count(pool_slots) == 1 and a.held() == {}
+    assert c.take("p", "x") == first, "the waiting node gets the slot given back"
+    assert c.take("q", "y").startswith(f"{budgets.prefix}/pools/q/"), "another pool has slots of its own"
+
+
+@pytest.mark.slow
+def test_the_queue_serves_nodes_in_the_order_they_asked(budgets):
+    holder, *waiters = (budgets(f"n{i}", max_nodes=1) for i in range(4))
+    holder.take("p", "h")
+    for w in waiters:
+        assert _reason(lambda: w.take("p", "h")) == "budget-full"
+    served = []
+    for _ in waiters:
+        (current,) = [b for b in (holder, *waiters) if b.held()]
+        current.give_back("h")
+        for w in reversed(waiters):       # asked in the opposite order: the queue decides, not who asks first
+            if w in served or w is current:
+                continue
+            try:
+                w.take("p", "h")
+                served.append(w)
+                break
+            except Refused as refused:
+                assert refused.reason == "budget-full"
+    assert [w.node for w in served] == ["n1", "n2", "n3"]
+
+
+@pytest.mark.slow
+def test_a_percentage_of_the_live_nodes(budgets):
+    nodes = [budgets(f"n{i}", max_percent=50) for i in range(5)]     # ceil(50 % x 5) = 3
+    for n in nodes[:3]:
+        n.take("p", "h")
+    assert _reason(lambda: nodes[3].take("p", "h")) == "budget-full"
+    nodes[4].stop()                                                # 4 live: ceil(2) = 2, 3 held stay held
+    assert _reason(lambda: nodes[3].take("p", "h")) == "budget-full"
+    nodes[0].give_back("h")
+    assert _reason(lambda: nodes[3].take("p", "h")) == "budget-full", "2 held: the limit, though slot 2 is above it"
+    nodes[1].give_back("h")
+    nodes[3].take("p", "h")
+
+
+@pytest.mark.slow
+def test_the_store_away_refuses_and_a_slot_given_back_meanwhile_is_freed_on_its_return(etcd, budgets):
+    a = budgets("a", max_nodes=1)
+    a.take("p", "applied-before")
+    etcd.stop()
+    assert _reason(lambda: a.take("other", "new")) == "store-unreachable", "fail closed"
+    assert a.take("p", "second-holder"), "a slot the node holds is shared without asking the store"
+    a.give_back("applied-before")
+    a.give_back("second-holder")                 # the store is away: freed later
+    etcd.start()
+    a.renew()
+    observer = EtcdStore(etcd.endpoints)
+    assert observer.count(f"{budgets.prefix}/pools/p/slots/") == 0
+    b = budgets("b", max_nodes=1)
+    assert b.take("p", "h")
+
+
+@pytest.mark.slow
+def test_a_lost_lease_registers_again_and_takes_its_slot_back(etcd, budgets):
+    a = budgets("a", max_nodes=1)
+    key = a.take("p", "h")
+    observer = EtcdStore(etcd.endpoints)
+    observer.revoke(a.lease)                     # as if it ran out while the store was out of reach
+    assert observer.count(key) == 0
+    a.renew()
+    assert a.lost == 1 and observer.count(key) == 1 and observer.count(a.node_key) == 1
+    assert json.loads(observer.prefix(key)[0].value)["node"] == "a"
+    observer.revoke(a.lease)                     # again, and a take comes before the next renewal
+    assert a.take("q", "h2").startswith(f"{budgets.prefix}/pools/q/"), "registered again, then taken"
+    assert a.lost == 2 and observer.count(key) == 1, "the held slot taken back too"
+
+
+@pytest.mark.slow
+def test_a_store_with_one_member_down_answers_through_the_others(etcd):
+    store = EtcdStore(etcd.endpoints)
+    etcd.kill(0)                                 # the first endpoint, where the client starts
+    etcd.wait_healthy()
+    assert store.grant(TTL) > 0 and store.endpoint != etcd.endpoints[0]
+    etcd.stop()
+    with pytest.raises(StoreUnavailable):
+        store.count("/")
+
+
+# --- no server --------------------------------------------------------------------------------------
+def test_the_limit_is_the_smaller_of_the_count_and_the_share():
+    store = EtcdStore(["127.0.0.1:1"])            # never asked
+    by_share = FleetBudget(store, "n", max_percent=10)
+    assert [by_share.limit(n) for n in (0, 1, 9, 10, 11, 100, 1000)] == [0, 1, 1, 1, 2, 10, 100]
+    both = FleetBudget(store, "n", max_nodes=3, max_percent=10)
+    assert [both.limit(n) for n in (5, 50, 1000)] == [1, 3, 3]
+    assert FleetBudget(store, "n", max_nodes=2).limit(0) == 2
+    for bad in ({}, {"max_nodes": 0}, {"max_percent": 0}, {"max_percent": 101}, {"max_nodes": 1, "ttl": 1}):
+        with pytest.raises(ValueError):
+            FleetBudget(store, "n", **bad)
+    with pytest.raises(ValueError):
+        FleetBudget(store, "a/b", max_nodes=1)
+
+
+def test_endpoints_are_urls_or_host_port():
+    assert parse_endpoint("10.0.0.1") == ("http", "10.0.0.1", 2379)
+    assert parse_endpoint("https://etcd-0.etcd:2379") == ("https", "etcd-0.etcd", 2379)
+    assert parse_endpoint("[::1]:12379") == ("http", "::1", 12379)
+    for bad in ("", "ftp://x", "http://x:99999", "http://x:2379/v3", "http://:2379"):
+        with pytest.raises(ValueError):
+            parse_endpoint(bad)
+
+
+def test_a_budget_needs_a_journal():
+    from reflexarc.controller.engine.executor import Executor
+    budget = FleetBudget(EtcdStore(["127.0.0.1:1"]), "n", max_nodes=1)
+    with pytest.raises(ValueError, match="journal"):
+        Executor({}, None, None, budget=budget)
+
+
+def test_the_store_unreachable_is_typed():
+    with pytest.raises(StoreUnavailable, match="no etcd endpoint answers"):
+        EtcdStore([f"127.0.0.1:{free_port()}"]).count("/")
