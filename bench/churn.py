@@ -63,7 +63,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -76,6 +75,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from provenance import code_version, interrupted
 
 from reflexarc.bpf import catalog
 from reflexarc.simulations.testbed.local_server import free_port
@@ -474,20 +475,6 @@ def table(result: dict) -> str:
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def code_version() -> dict:
-    """The commit, the files changed since it (read-only git) and where
-    ``reflexarc`` was imported from, since the controller's code is what is measured."""
-    def git(*argv: str) -> str:
-        return subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, text=True).stdout.strip()
-    return {"commit": git("rev-parse", "HEAD"), "changed": git("status", "--porcelain").splitlines(),
-            "imported_from": str(Path(importlib.util.find_spec("reflexarc.controller").origin).parent)}
-
-
-def interrupted(*_) -> None:
-    """SIGTERM ends the benchmark as Ctrl-C does: through every cleanup."""
-    raise KeyboardInterrupt
 
 
 def main() -> int:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -46,6 +45,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from provenance import code_version, interrupted
 
 from reflexarc.controller.engine.lifecycle import BUDGET_RETRY_S
 from reflexarc.core.outcomes import Outcome
@@ -290,17 +291,6 @@ def refusal_latency(etcd: EtcdCluster, trials: int, frozen_trials: int) -> dict:
                 os.kill(proc.pid, signal.SIGCONT)
         node.stop()
     return out
-
-
-def code_version() -> dict:
-    def git(*argv: str) -> str:
-        return subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, text=True).stdout.strip()
-    return {"commit": git("rev-parse", "HEAD"), "changed": git("status", "--porcelain").splitlines(),
-            "imported_from": str(Path(importlib.util.find_spec("reflexarc.controller").origin).parent)}
-
-
-def interrupted(*_) -> None:
-    raise KeyboardInterrupt
 
 
 def main() -> int:
