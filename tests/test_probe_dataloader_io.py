@@ -56,16 +56,21 @@ def test_signals_are_catalogued():
 
 
 def test_injected_2ms_read_shows_in_worker_p99(tmp_path):
+    """The probe's P99 per worker matches the P99 of the same reads as the
+    workers timed them themselves, within the histogram's slot width (25 %):
+    on a loaded box the 2 ms reads take longer, in both."""
     require_bpf()
     import torch.utils.data as tud
     index = tmp_path / "index"
     index.write_bytes(os.urandom(4096))
+    timings = tmp_path / "timings"
+    timings.mkdir()
 
     probe = DataloaderIo(Selection(comms=("pt_data_worker",), job="t-dl"))
     assert probe.start().state == OK
     try:
         probe.collect(time.time())
-        loader = tud.DataLoader(PipeDelayDataset(ITEMS, DELAY_S, str(index)), batch_size=4, num_workers=2,
+        loader = tud.DataLoader(PipeDelayDataset(ITEMS, DELAY_S, str(index), str(timings)), batch_size=4, num_workers=2,
                                 collate_fn=as_list)
         it = iter(loader)
         workers = [w.pid for w in it._workers]
@@ -81,8 +86,14 @@ def test_injected_2ms_read_shows_in_worker_p99(tmp_path):
     for pid in workers:
         assert pid in latency, f"worker {pid} missing from {sorted(latency)}"
         p99 = latency[pid]["0.99"]
-        assert 1000 <= p99 <= 4000, f"worker {pid} P99 {p99:.0f} us, injected 2000 us"
+        assert p99 >= 1000, f"worker {pid} P99 {p99:.0f} us, injected 2000 us"
         assert latency[pid]["0.5"] <= p99
+        # the probe also counts the worker's index-queue reads, which wait for the
+        # next index: the truth's reads are a subset, their P99 a lower bound
+        timed = sorted(int(line) / 1e3 for line in (timings / str(pid)).read_text().split())
+        truth = timed[int(0.99 * (len(timed) - 1))]
+        assert truth >= DELAY_S * 1e6, f"worker {pid}: its own P99 {truth:.0f} us, the feeder sleeps 2000 us"
+        assert 0.75 * truth - 50 <= p99 <= 1.3 * truth + 100, f"worker {pid} P99 {p99:.0f} us, its own {truth:.0f} us"
     # Every item is INDEX_READS + 1 reads in some worker, plus the index-queue reads.
     assert sum(reads[pid][None] for pid in workers) >= ITEMS * (INDEX_READS + 1)
     for _, labels, _ in samples:

@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--persistent", action="store_true", help="persistent_workers=True")
     ap.add_argument("--shift-fds", action="store_true",
                     help="open one more fd before each epoch, so each epoch's data queue gets new fd numbers")
+    ap.add_argument("--sharing-strategy", choices=("file_descriptor", "file_system"),
+                    help="torch.multiprocessing's sharing strategy (default: torch's, file_descriptor); with "
+                         "file_system a batch's tensors are rebuilt without a round trip to the worker")
     ap.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until --steps or SIGTERM)")
     ap.add_argument("--steps", type=int, default=0, help="steps to run (0: until --duration or SIGTERM)")
     args = ap.parse_args(argv)
@@ -104,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     torch.manual_seed(0)
     torch.set_num_threads(1)
+    if args.sharing_strategy:
+        torch.multiprocessing.set_sharing_strategy(args.sharing_strategy)
     loader = DataLoader(SleepyDataset(args.epoch_items, args.item_ms, args.slow_worker_ms), batch_size=args.batch,
                         num_workers=args.workers, persistent_workers=args.persistent)
     model = nn.Linear(FEATURES, CLASSES)

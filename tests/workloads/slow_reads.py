@@ -7,6 +7,10 @@ Feeder and worker run SCHED_FIFO: on a busy 2-core box a woken normal task can
 wait several ms for a CPU, and the workloads are about the probes' accuracy,
 not the box's load.
 
+With ``timings`` (a directory) each worker appends how long each of its reads
+took, as it timed them itself, to ``timings/<pid>``: one line of nanoseconds
+per read, the payload's and the index's.
+
 Example::
 
     ds = PipeDelayDataset(400, 0.002, "/tmp/index.bin")
@@ -18,6 +22,7 @@ import os
 import select
 import subprocess
 import sys
+import time
 
 INDEX_READS = 4      # small page-cache reads per item before its payload
 
@@ -33,8 +38,8 @@ while os.read(0, 1):            # one request byte per item
 
 
 class PipeDelayDataset:
-    def __init__(self, n: int, delay: float, index_path: str) -> None:
-        self.n, self.delay, self.index_path = n, delay, index_path
+    def __init__(self, n: int, delay: float, index_path: str, timings: str | None = None) -> None:
+        self.n, self.delay, self.index_path, self.timings = n, delay, index_path, timings
         self._feeder = None
         self._index = None
         self._owner = None
@@ -55,10 +60,18 @@ class PipeDelayDataset:
 
     def __getitem__(self, i: int) -> int:
         feeder = self._pipe()
+        took = []
         for k in range(INDEX_READS):
+            t0 = time.perf_counter_ns()
             os.pread(self._index, 64, (i * INDEX_READS + k) * 64 % 4096)
+            took.append(time.perf_counter_ns() - t0)
         feeder.stdin.write(b"r")
+        t0 = time.perf_counter_ns()
         data = os.read(feeder.stdout.fileno(), 4096)   # blocks until the feeder writes
+        took.append(time.perf_counter_ns() - t0)
+        if self.timings:
+            with open(os.path.join(self.timings, str(os.getpid())), "a") as f:
+                f.write("".join(f"{ns}\n" for ns in took))
         return len(data)
 
 
