@@ -42,6 +42,7 @@ from reflexarc.core.ports import EXAMPLE as PORT_EXAMPLE
 from reflexarc.core.ports import port_range
 from reflexarc.core.procfs import TASK_COMM_LEN
 from reflexarc.core.rates import RateError, parse_rate
+from reflexarc.core.rollout import RolloutSpec, parse_stage, parse_success_rate
 from reflexarc.core.signals import LABEL_VALUES
 from reflexarc.core.yaml_reader import MAX_INT, MAX_INT_TEXT, YamlReader, position
 from reflexarc.core.yaml_reader import kind as _kind
@@ -319,7 +320,50 @@ class _FileReader(YamlReader):
                 if rule is not None:
                     policy.rules.append(rule)
         self._check_selector_labels(policy, selector_match)
+        if "rollout" in fields:
+            policy.rollout = self._rollout(fields["rollout"][1], policy)
         return policy
+
+    def _rollout(self, node: Node, policy: Policy) -> RolloutSpec | None:
+        fields = self._mapping(node, "rollout", "'rollout'")
+        if fields is None:
+            return None
+        values: dict = {}
+        if "stages" in fields:
+            items = self.sequence(fields["stages"][1], "'stages'")
+            if items is not None and not items:
+                self.error(fields["stages"][1], "'stages' is empty; list them, e.g. [1, \"10%\", all]")
+            stages = []
+            for i, item in enumerate(items or ()):
+                value = self.value(item)
+                if value is None:
+                    continue
+                try:
+                    stages.append(parse_stage(value))
+                except ValueError as exc:
+                    self.error(item, str(exc))
+                    continue
+                if stages[-1].size(0) is None and i < len(items) - 1:
+                    self.error(item, "'all' admits every node, so it can only be the last stage")
+            values["stages"] = tuple(stages)
+        if "promote_after" in fields:
+            values["promote_after"] = self.integer(fields["promote_after"][1], "'promote_after'", minimum=1)
+        if "success_rate" in fields:
+            value = self.value(fields["success_rate"][1])
+            try:
+                values["success_rate"] = None if value is None else parse_success_rate(value)
+            except ValueError as exc:
+                self.error(fields["success_rate"][1], str(exc))
+        if "window" in fields:
+            values["window"] = self.integer(fields["window"][1], "'window'", minimum=1, maximum=1000)
+        unverified = [r.name for r in policy.rules if r.verify is None and any(
+            a.actuator in SPECS and SPECS[a.actuator].changes_system for a in r.actions)]
+        if unverified:
+            self.error(node, f"a rollout widens on verified remediations, and rule(s) {', '.join(unverified)} "
+                             f"change the system without a 'verify'; add verify: {{when: ..., timeout: ...}} to them")
+        if any(v is None for v in values.values()):
+            return None
+        return RolloutSpec(**values)
 
     def _selector(self, node: Node) -> tuple[Selector, dict[str, tuple[str, Node]]]:
         selector = Selector(loc=self.loc(node))

@@ -18,6 +18,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
+from reflexarc.core.rollout import RolloutSpec
+
 MODES = ("dry-run", "alert-only", "enforce")
 AGGREGATIONS = ("p50", "p90", "p99", "mean", "max", "min", "last", "rate", "count", "delta", "slope")
 OPERATORS = (">", ">=", "<", "<=", "==", "!=")
@@ -198,6 +200,7 @@ class Policy:
     mode: str = "dry-run"
     selector: Selector = field(default_factory=Selector)
     requires: tuple[str, ...] = ()   # device kinds or "promql" (producers.REQUIREMENTS) without which it is idle
+    rollout: RolloutSpec | None = None   # enforced stage by stage across the fleet, behind a breaker
     loc: Loc | None = None
 
 

@@ -35,6 +35,7 @@ from reflexarc.core.durations import EXAMPLES as DURATION_EXAMPLES
 from reflexarc.core.params import MAX_CPUS, ActuatorSpec, ParamSpec
 from reflexarc.core.ports import MAX_PORT, PORT_RANGE_PATTERN
 from reflexarc.core.rates import PATTERN as RATE_PATTERN
+from reflexarc.core.rollout import PERCENT_PATTERN
 
 from ..signals.catalogue import CATALOGUE
 from ..signals.producers import REQUIREMENTS
@@ -76,7 +77,17 @@ SECTIONS: dict[str, Section] = {
                     "(--promql-config): on a node without them it is idle, and validate says so in a note "
                     "instead of warning about its signals.",
         "rules": "The rules of this policy, each a condition with its remediation.",
+        "rollout": "Enforce it across a fleet stage by stage, behind a fleet circuit breaker (needs run "
+                   "--fleet-etcd; docs/fleet.md).",
     }, required=("name", "rules")),
+    "rollout": Section({
+        "stages": "How many nodes may enforce the policy, stage by stage: a count (1), a share of the live "
+                  "nodes ('10%', rounded up) or 'all' (last). Default [all]: the breaker alone.",
+        "promote_after": "Verified remediations in a stage before it widens to the next (default 3).",
+        "success_rate": "The fleet's verify-success rate over the last 'window' outcomes that a stage needs "
+                        "to widen, and below which the breaker opens, e.g. '90%' (default).",
+        "window": "How many of the fleet's latest verify outcomes the rate counts (default 10).",
+    }),
     "selector": Section({
         "match": "Label matchers applied to every signal the policy reads: \"v\" equals, \"~regex\" matches, "
                  "\"!v\" differs.",
@@ -383,6 +394,16 @@ def build_schema() -> dict:
         "selector": {"$ref": "#/$defs/selector"},
         "requires": {"type": "array", "items": {"enum": list(REQUIREMENTS)}, "uniqueItems": True},
         "rules": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/rule"}},
+        "rollout": _closed("rollout", {
+            "stages": {"type": "array", "minItems": 1, "items": {"anyOf": [
+                {"type": "integer", "minimum": 1}, {"type": "string", "pattern": PERCENT_PATTERN},
+                {"const": "all"}]}},
+            "promote_after": {"type": "integer", "minimum": 1, "default": 3},
+            "success_rate": {"anyOf": [{"type": "string", "pattern": PERCENT_PATTERN},
+                                       {"type": "number", "exclusiveMinimum": 0, "maximum": 100}],
+                             "default": "90%"},
+            "window": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 10},
+        }, SECTIONS["policy"].keys["rollout"]),
     }, "One policy.")
     selector = _closed("selector", {
         "match": _matchers(all_labels),
