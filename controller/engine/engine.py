@@ -19,6 +19,15 @@ change first takes a slot of its policy's pool; a refusal is audited as an
 (``lifecycle.BUDGET_RETRY_S``) before it tries again. Changes already applied
 go on under their own rollback rules whatever the store does.
 
+A policy with a rollout (``rollout=``, ``controller/fleet/rollout.py``) is
+admitted stage by stage the same way (refusals ``rollout-stage``,
+``breaker-open``). The controller reports each verify outcome of an enforced
+change (the transitions ``verified`` and ``verify_failed``) to the rollout;
+a stage that widens or a breaker that opens is audited (a ``rollout``
+record), shown in ``reflexarc_rollout_stage`` and
+``reflexarc_rollout_breaker_open``, and an opened breaker raises a critical
+alert from the node whose failure opened it.
+
 Each run decides and the controller carries it out: a run's entry points
 (``RuleRun.step`` and the others) yield decisions (``decisions.py``) that
 ``_drive`` audits, counts and acts on, sending back the results the run waits
@@ -58,10 +67,11 @@ import logging
 import math
 import threading
 
-from reflexarc.actuators.base import Change, Registry
+from reflexarc.actuators.base import Change, Registry, Target
 from reflexarc.core.outcomes import TAKEN, Outcome
 
 from ..fleet.budget import FleetBudget
+from ..fleet.rollout import Event, FleetRollout
 from ..policy.model import Policy, Rule, conditions_of, when_tree
 from .audit import AuditLog
 from .bus import SignalBus
@@ -97,7 +107,8 @@ def describe_policies(policies: list[Policy]) -> list[dict]:
             rules.append({"name": r.name, "conditions": [c.describe() for c in r.conditions()],
                           "when": when_tree(r.when), "verify_when": when_tree(r.verify.when) if r.verify else None,
                           "actions": [a.actuator for a in r.actions], "verify": verify, "rollback": rb_text})
-        out.append({"name": p.name, "mode": p.mode, "file": p.loc.file if p.loc else None, "rules": rules})
+        out.append({"name": p.name, "mode": p.mode, "file": p.loc.file if p.loc else None, "rules": rules,
+                    **({"rollout": p.rollout.to_dict()} if p.rollout else {})})
     return out
 
 
@@ -156,7 +167,7 @@ class Controller:
                  audit: AuditLog | None = None, metrics: ControllerMetrics | None = None,
                  limits: LimitSettings | None = None, real_sleep: bool = True,
                  target_grace: float = 60.0, min_history: float = 60.0,
-                 budget: FleetBudget | None = None) -> None:
+                 budget: FleetBudget | None = None, rollout: FleetRollout | None = None) -> None:
         self.policies = policies
         self.bus = bus
         self.registry = registry
@@ -167,7 +178,9 @@ class Controller:
         self.metrics = metrics or ControllerMetrics()
         self.limits = NodeLimits(limits)
         self.budget = budget
-        self.executor = Executor(registry, journal, clock, real_sleep=real_sleep, budget=budget)
+        self.rollout = rollout
+        self.rollouts = {p.name: p.rollout for p in policies if p.rollout is not None}
+        self.executor = Executor(registry, journal, clock, real_sleep=real_sleep, budget=budget, rollout=rollout)
         self.target_grace = target_grace
         self.min_history = min_history
         self.held = Tally()
@@ -227,6 +240,8 @@ class Controller:
         housekeeping = now - self._housekept >= HOUSEKEEPING_EVERY
         if housekeeping:
             self._housekept = now
+            if self.rollout is not None and self.rollout.pending:     # outcomes the store did not take yet
+                self._rollout_events(self.rollout.flush())
             self.bus.expire(now)
             self.metrics.bus_series.set(self.bus.series_count())
         if self.journal is not None and now - self._drift_checked >= DRIFT_EVERY:
@@ -316,6 +331,7 @@ class Controller:
                          policies=describe_policies(policies))
         prepared = self._enforced_actuators()
         self.policies, self.slots = policies, slots
+        self.rollouts = {p.name: p.rollout for p in policies if p.rollout is not None}
         now, names, outcomes = self.clock.now(), {(s.policy.name, s.rule.name) for s in slots}, []
         for slot in ended:
             note = f"rule {'changed' if slot.identity[:2] in names else 'removed'} at reload"
@@ -432,6 +448,26 @@ class Controller:
                          target_labels=run.labels, mode=moved.mode, **{"from": frm}, to=to, trigger=moved.trigger,
                          evidence=moved.evidence, note=moved.note)
         log.debug("%s: %s -> %s (%s) %s", run.scope_key, frm, to, moved.trigger, moved.note)   # told by narrate.py
+        spec = self.rollouts.get(run.policy.name)
+        if spec is not None and moved.mode == "enforce" and moved.trigger in ("verified", "verify_failed") \
+                and self.rollout is not None:
+            events = self.rollout.report(run.policy.name, spec, moved.trigger == "verified", run.target_key)
+            self._rollout_events(events)
+
+    def _rollout_events(self, events: list[Event]) -> None:
+        """Audit what verify outcomes did to a rollout; an opened breaker is alerted too."""
+        for event in events:
+            self.metrics.rollout(event.policy, event.stage, event.kind == "opened")
+            alert = None
+            if event.kind == "opened":
+                sent = self.executor.notify(Target({}, {"policy": event.policy, "rule": "rollout"}),
+                                            f"fleet breaker of {event.policy} opened: {event.detail}; no node "
+                                            f"enforces it until reflexarc fleet reset",
+                                            {"alertname": "reflexarc_fleet_breaker_open", "policy": event.policy})
+                alert = {"outcome": sent.outcome, "error": sent.error}
+            self.audit.write("rollout", policy=event.policy, event=event.kind, stage=event.stage + 1,
+                             detail=event.detail, node=self.rollout.node if self.rollout else None,
+                             **({"alert": alert} if alert else {}))
 
     def audit_action(self, run: RuleRun, step, change, outcome: Outcome, jid, error, mode: str,
                      note: str | None = None) -> None:
@@ -447,8 +483,12 @@ class Controller:
         """Run the action the run decided, in the mode it decided; a change taken
         counts against the node's hourly cap."""
         actuator = act.action.actuator
+        spec = self.rollouts.get(run.policy.name) if act.mode == "enforce" else None
         res = self.executor.act(actuator, run.target, act.params, act.mode, run.policy.name, run.rule.name,
-                                run.rule.rollback.on_restart)
+                                run.rule.rollback.on_restart, rollout=spec)
+        if spec is not None and self.rollout is not None and run.policy.name in self.rollout.seen:
+            seen = self.rollout.seen[run.policy.name]
+            self.metrics.rollout(run.policy.name, seen.stage, seen.open)
         if res.outcome in TAKEN and self.registry.spec(actuator).changes_system:
             self.limits.record(now)
             self._room = self.limits.room(now, self.hold)

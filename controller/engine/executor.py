@@ -22,6 +22,13 @@ journaled or applied. The slot is given back once the change is closed:
 reverted, closed without a revert (kept, forgotten, its target gone), or
 failed and undone. A change whose undo failed keeps its slot (it may still be
 on the system). Dry-run, alert-only and notifications never touch the budget.
+A budget without a limit takes no slot: it only holds the node's lease.
+
+A policy with a rollout (``rollout=`` of ``act``) is first admitted by the
+fleet's rollout (``controller/fleet/rollout.py``): a node outside the stage,
+or any node while the policy's breaker is open, is ``REFUSED``
+(``rollout-stage``, ``breaker-open``); without a fleet store it is refused
+too (``no-fleet-store``): a rollout is never skipped.
 
 Example::
 
@@ -31,6 +38,8 @@ Example::
     ex.revert(step.change, step.journal_id, mode="enforce")
     ex.deliver_notices()     # at stop: the alerts queued (resolutions too) go out, within the deadline
     Executor(registry, journal, clock, budget=FleetBudget(store, "node-a", max_nodes=2))   # fleet-wide slots
+    Executor(registry, journal, clock, budget=budget, rollout=FleetRollout(budget))
+    ex.act("sysctl", target, params, mode="enforce", policy="p", rule="r", rollout=spec)  # stage and breaker first
 
 Overhead: the actuator's own cost, one fsync per journal step.
 """
@@ -46,8 +55,10 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from reflexarc.actuators.base import (ActuatorError, Change, PermanentActuatorError, Registry, Target,
                                       TemporaryActuatorError)
 from reflexarc.core.outcomes import Outcome
+from reflexarc.core.rollout import RolloutSpec
 
 from ..fleet.budget import FleetBudget, Refused
+from ..fleet.rollout import FleetRollout
 from .journal import Entry, Journal, JournalWriteError
 
 log = logging.getLogger("reflexarc.executor")
@@ -77,12 +88,14 @@ class RetrySettings:
 
 class Executor:
     def __init__(self, registry: Registry, journal: Journal | None, clock, retry: RetrySettings | None = None,
-                 real_sleep: bool = True, budget: FleetBudget | None = None) -> None:
+                 real_sleep: bool = True, budget: FleetBudget | None = None,
+                 rollout: FleetRollout | None = None) -> None:
         if budget is not None and journal is None:
             raise ValueError("a fleet budget needs a journal: a slot is given back when its change's entry closes")
         self.registry = registry
         self.journal = journal
         self.budget = budget
+        self.rollout = rollout
         self._slots: dict[str, str] = {}     # journal id -> the budget holder of its slot
         self._holders = 0
         self.clock = clock
@@ -105,7 +118,7 @@ class Executor:
         return self._retrying(act.plan, target, params)
 
     def act(self, actuator: str, target: Target, params: dict, mode: str, policy: str = "", rule: str = "",
-            on_restart: str = "revert") -> StepResult:
+            on_restart: str = "revert", rollout: RolloutSpec | None = None) -> StepResult:
         try:
             change = self.plan(actuator, target, params)
         except ActuatorError as exc:
@@ -121,7 +134,7 @@ class Executor:
             return StepResult(Outcome.PLANNED, change)
         if mode == "alert-only":
             return self._alert_instead(change, policy, rule)
-        return self._apply(change, policy, rule, on_restart)
+        return self._apply(change, policy, rule, on_restart, rollout)
 
     def _send(self, change: Change) -> StepResult:
         try:
@@ -129,6 +142,17 @@ class Executor:
         except ActuatorError as exc:
             return StepResult(Outcome.FAILED, change, error=str(exc))
         return StepResult(Outcome.NOTIFIED, change, notice=change if change.actuator == "alert" else None)
+
+    def notify(self, target: Target, summary: str, labels: dict, severity: str = "critical") -> StepResult:
+        """Send an alert that no rule raised (a fleet event): ``NOTIFIED``, or
+        ``PLANNED`` when this controller has no alert receiver (the audit has it)."""
+        if "alert" not in self.registry:
+            return StepResult(Outcome.PLANNED)
+        try:
+            alert = self.plan("alert", target, {"severity": severity, "summary": summary, "labels": labels})
+            return self._send(alert)
+        except ActuatorError as exc:
+            return StepResult(Outcome.FAILED, error=f"alert: {exc}")
 
     def _alert_instead(self, change: Change, policy: str, rule: str) -> StepResult:
         if "alert" not in self.registry:
@@ -143,10 +167,19 @@ class Executor:
             return StepResult(Outcome.FAILED, change, error=f"alert: {exc}")
         return StepResult(Outcome.ALERTED, change, notice=alert)
 
-    def _take(self, change: Change, policy: str, rule: str) -> str | StepResult | None:
-        """A slot of the fleet budget for ``change``: its holder, a ``REFUSED``
-        result, or None without a budget."""
-        if self.budget is None:
+    def _take(self, change: Change, policy: str, rule: str, rollout: RolloutSpec | None) -> str | StepResult | None:
+        """The rollout's admission, then a slot of the fleet budget for
+        ``change``: the slot's holder, a ``REFUSED`` result, or None without a
+        budget that limits."""
+        if rollout is not None:
+            try:
+                if self.rollout is None:
+                    raise Refused("no-fleet-store", f"policy {policy} declares a rollout, and this controller "
+                                                    f"runs without a fleet store (run --fleet-etcd)")
+                self.rollout.admit(policy, rollout)
+            except Refused as exc:
+                return StepResult(Outcome.REFUSED, change, error=f"fleet rollout: {exc}", refused=exc.reason)
+        if self.budget is None or not self.budget.limited:
             return None
         self._holders += 1
         holder = f"{policy}/{rule}/{change.target.key()}#{self._holders}"
@@ -163,9 +196,10 @@ class Executor:
         if holder is not None and self.budget is not None:
             self.budget.give_back(holder)
 
-    def _apply(self, change: Change, policy: str, rule: str, on_restart: str) -> StepResult:
+    def _apply(self, change: Change, policy: str, rule: str, on_restart: str,
+               rollout: RolloutSpec | None) -> StepResult:
         act = self.registry.get(change.actuator)
-        holder = self._take(change, policy, rule)
+        holder = self._take(change, policy, rule, rollout)
         if isinstance(holder, StepResult):
             return holder
         try:

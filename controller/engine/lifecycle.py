@@ -374,7 +374,7 @@ class RuleRun:
             yield from self._moves()
         elif outcome is Outcome.REFUSED:    # nothing applied: back to firing, another try after BUDGET_RETRY_S
             self.refused_at = self.now
-            self.refused(note=f"{action.actuator}: refused by the fleet budget ({res.refused})")
+            self.refused(note=f"{action.actuator}: refused by the fleet ({res.refused})")
             yield from self._moves()
         else:
             self.act_failed(note=res.error or outcome)

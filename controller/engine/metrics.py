@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 from reflexarc.core.outcomes import WOULD_HAVE_ACTED
 
 from ..fleet.budget import REASONS as BUDGET_REASONS
+from ..fleet.rollout import REASONS as ROLLOUT_REASONS
 from .lifecycle import STATES
 
 
@@ -78,14 +79,23 @@ class ControllerMetrics:
         for outcome in ("ok", "error"):
             self.policy_reloads.labels(outcome)
         self.budget_refused = Counter("reflexarc_budget_refused_total",
-                                      "Enforce actions the fleet budget refused, nothing applied: budget-full, "
-                                      "store-unreachable (fail closed), store-error", ["reason"], registry=r)
-        for reason in BUDGET_REASONS:
+                                      "Enforce actions the fleet budget or a policy's rollout refused, nothing "
+                                      "applied: budget-full, store-unreachable (fail closed), store-error, "
+                                      "rollout-stage, breaker-open, no-fleet-store", ["reason"], registry=r)
+        for reason in BUDGET_REASONS + ROLLOUT_REASONS:
             self.budget_refused.labels(reason)
+        self.rollout_stage = Gauge("reflexarc_rollout_stage", "The stage (1 = first) of a policy's fleet "
+                                   "rollout, as this node last read it", ["policy"], registry=r)
+        self.breaker_open = Gauge("reflexarc_rollout_breaker_open", "1 while a policy's fleet circuit breaker "
+                                  "is open, as this node last read it", ["policy"], registry=r)
         self.policy_last_reload_ok = Gauge("reflexarc_policy_last_reload_ok",
                                            "1 while the policies on file are the ones running (start or last "
                                            "reload ok), 0 after a refused reload", registry=r)
         self.policy_last_reload_ok.set(1)
+
+    def rollout(self, policy: str, stage: int, is_open: bool) -> None:
+        self.rollout_stage.labels(policy).set(stage + 1)
+        self.breaker_open.labels(policy).set(1 if is_open else 0)
 
     def state(self, policy: str, rule: str, target: str, state: str) -> None:
         self.rule_state.labels(policy, rule, target).state(state)

@@ -37,6 +37,7 @@ Example::
     budget = FleetBudget(EtcdStore(endpoints), "node-a", max_nodes=2, ttl=15)
     budget.start()                                  # lease, node key, keep-alive thread
     budget.take("policy:demote-bulk", "r/pid=42")   # the slot's key, or raises Refused
+    FleetBudget(store, "node-a")                    # no limit: the node registered only (a rollout's lease)
     budget.give_back("r/pid=42")
     budget.held()                                   # {"policy:...": ["r/pid=42"]}
     budget.stop()                                   # revokes the lease: every slot it held is free
@@ -81,8 +82,6 @@ class _Slot:
 class FleetBudget:
     def __init__(self, store: EtcdStore, node: str, max_nodes: int | None = None, max_percent: float | None = None,
                  ttl: int = 15, prefix: str = "/reflexarc", wall=time.time) -> None:
-        if max_nodes is None and max_percent is None:
-            raise ValueError("a budget needs max_nodes, max_percent or both")
         if max_nodes is not None and max_nodes < 1:
             raise ValueError("max_nodes must be >= 1")
         if max_percent is not None and not 0 < max_percent <= 100:
@@ -120,6 +119,19 @@ class FleetBudget:
 
     def waiting_key(self, pool: str) -> str:
         return f"{self.pool_prefix(pool)}waiting/{self.node}"
+
+    @property
+    def limited(self) -> bool:
+        """Whether it bounds the nodes acting at once; without a limit it only
+        registers the node (the lease a rollout's seats are held with)."""
+        return self.max_nodes is not None or self.max_percent is not None
+
+    def registered(self) -> int:
+        """The node's lease, registering it first when it has none (StoreUnavailable, StoreError)."""
+        with self._lock:
+            if self.lease is None:
+                self._register()
+            return self.lease
 
     def limit(self, live: int) -> int:
         """How many nodes may act at once in a pool with ``live`` nodes alive."""

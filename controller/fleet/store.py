@@ -4,6 +4,10 @@ A node keeps the list of the cluster's client URLs and talks to one member at a
 time; a member it cannot reach (connection refused or reset, a timeout, a 503
 while the cluster has no leader) sends it to the next one, and the call is
 retried there: endpoints + 1 attempts, 50 ms apart (tenacity, by error type).
+While some member is up but leaderless (it answers 503 or lets the request time
+out: the cluster is electing, ~1-2 s after a leader dies) the attempts go on for
+up to ``ELECTION_WAIT_S`` (3 s) in all, so a routine election does not refuse a
+change; a cluster whose every member refuses connections is told in ~150 ms.
 What none of them answers is ``StoreUnavailable``; an answer that is an error
 (a request etcd refuses, a lease it does not know) is ``StoreError`` and is never
 retried: the same request would get the same answer. Members that refuse
@@ -45,13 +49,14 @@ from dataclasses import dataclass
 import requests
 from etcd3gw import client as etcd_client
 from etcd3gw import exceptions as etcd_errors
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_fixed
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_fixed
 
 log = logging.getLogger("reflexarc.fleet.store")
 
 API_PATH = "/v3/"        # etcd 3.4's gateway; /v3beta/ also answers there but is gone in 3.5
 DEFAULT_PORT = 2379
 RETRY_WAIT_S = 0.05
+ELECTION_WAIT_S = 3.0    # how long a call waits out a cluster that is up but has no leader yet
 LEASE_GONE = "lease not found"   # etcd's answer about a lease it no longer knows (expired, revoked)
 TIMEOUT_S = 1.0          # one request; a member without a leader answers 503 within ~1 s itself, and a hung one
                          # costs endpoints + 1 of these before the refusal (bench/fleet.py measures it)
@@ -66,17 +71,23 @@ class StoreError(Exception):
 
 
 class _Unreachable(Exception):
-    """One endpoint did not answer; the call moves to the next one."""
+    """One endpoint did not answer; the call moves to the next one. ``listening``:
+    something is there (a 503, a timeout), not a refused or reset connection."""
+
+    def __init__(self, text: str, listening: bool) -> None:
+        super().__init__(text)
+        self.listening = listening
 
 
 @dataclass(frozen=True)
 class Entry:
-    """A key under a prefix: its value, its lease (0: none) and its create revision."""
+    """A key under a prefix: its value, its lease (0: none), its create and its last modification revision."""
 
     key: str
     value: str
     lease: int
     created: int
+    modified: int = 0
 
 
 def parse_endpoint(text: str) -> tuple[str, str, int]:
@@ -140,7 +151,16 @@ class EtcdStore:
 
     # --- one request, retried on another member ----------------------------------------
     def _post(self, path: str, payload: dict) -> dict:
-        retrying = Retrying(stop=stop_after_attempt(len(self._clients) + 1), wait=wait_fixed(RETRY_WAIT_S),
+        listening = False       # a member of this call's attempts was up (leaderless, or slow)
+
+        def stop(state: RetryCallState) -> bool:
+            nonlocal listening
+            listening = listening or getattr(state.outcome.exception(), "listening", False)
+            if state.attempt_number < len(self._clients) + 1:
+                return False
+            return not listening or state.seconds_since_start >= ELECTION_WAIT_S
+
+        retrying = Retrying(stop=stop, wait=wait_fixed(RETRY_WAIT_S),
                             retry=retry_if_exception_type(_Unreachable), reraise=True)
         try:
             return retrying(self._once, path, payload)
@@ -160,7 +180,8 @@ class EtcdStore:
             with self._lock:
                 if self._current == index:      # not moved on already by another thread's failure
                     self._current = (index + 1) % len(self._clients)
-            raise _Unreachable(f"{where}: {_why(exc)}") from None
+            why = _why(exc)
+            raise _Unreachable(f"{where}: {why}", listening=not why.startswith("[Errno")) from None
         except etcd_errors.Etcd3Exception as exc:
             raise StoreError(f"{where}: {exc.detail_text or exc}") from None
         except ValueError as exc:       # an answer that is not JSON
@@ -217,7 +238,31 @@ class EtcdStore:
         """Every key under ``prefix``, by key."""
         result = self._post("/kv/range", {"key": _b64(prefix), "range_end": _b64(_end_of(prefix))})
         return [Entry(_text(kv.get("key")), _text(kv.get("value")), int(kv.get("lease", 0)),
-                      int(kv.get("create_revision", 0))) for kv in result.get("kvs", [])]
+                      int(kv.get("create_revision", 0)), int(kv.get("mod_revision", 0)))
+                for kv in result.get("kvs", [])]
+
+    def swap(self, key: str, modified: int, value: str, also: tuple[tuple[str, str, int | None], ...] = (),
+             absent: tuple[str, ...] = ()) -> bool:
+        """In one transaction, only while ``key`` was last modified at revision
+        ``modified`` (0: it does not exist) and the keys in ``absent`` do not
+        exist: write ``key`` and each ``(key, value, lease)`` of ``also``;
+        whether it did. A compare-and-swap: two writers that read the same
+        revision cannot both succeed."""
+        compare = [{"key": _b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": modified}]
+        compare += [{"key": _b64(k), "result": "EQUAL", "target": "CREATE", "create_revision": 0} for k in absent]
+        success = [{"request_put": {"key": _b64(key), "value": _b64(value)}}]
+        for k, v, lease in also:
+            put = {"key": _b64(k), "value": _b64(v)}
+            if lease:
+                put["lease"] = lease
+            success.append({"request_put": put})
+        txn = {"compare": compare, "success": success, "failure": []}
+        return bool(self._post("/kv/txn", txn).get("succeeded", False))
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under ``prefix``; how many there were."""
+        result = self._post("/kv/deleterange", {"key": _b64(prefix), "range_end": _b64(_end_of(prefix))})
+        return int(result.get("deleted", 0))
 
     def count(self, prefix: str) -> int:
         """How many keys are under ``prefix``."""

@@ -52,7 +52,8 @@ from reflexarc.core.input_files import open_regular
 from ..engine.audit import rotated_paths
 
 TRACKED_KINDS = ("eval", "transition", "action", "limit", "retire", "error")
-HAND_KINDS = ("forget", "kill_switch", "pause", "resume", "operator", "drift")   # an operator's hand, node events
+HAND_KINDS = ("forget", "kill_switch", "pause", "resume", "operator", "drift", "rollout")   # an operator's hand,
+                                                                                          # node and fleet events
 KNOWN_KINDS = ("run", "end", "reload") + HAND_KINDS + TRACKED_KINDS
 EVENT_KINDS = ("transition", "action")
 MALFORMED_EXAMPLES = 20

@@ -242,7 +242,7 @@ def _by(rec: dict) -> str:
 
 
 def _hands(audit: Audit, clock: Clock) -> list[str]:
-    """What an operator did, and what held enforcement, in the order it happened."""
+    """What an operator did, what held enforcement and what the fleet's rollouts did, in the order it happened."""
     out = []
     for rec in audit.hands:
         kind, at = rec["kind"], clock.at(rec["ts"])
@@ -260,6 +260,12 @@ def _hands(audit: Audit, clock: Clock) -> list[str]:
         elif kind == "drift":
             out.append(f"{at} journal entry {rec.get('journal_id')} ({rec.get('actuator')}) was changed behind the "
                        f"controller's back: {rec.get('differs')}")
+        elif kind == "rollout" and rec.get("event") == "opened":
+            alert = rec.get("alert") or {}
+            out.append(f"{at} the fleet breaker of {rec.get('policy')} opened: {rec.get('detail')}; no node enforces "
+                       f"it until 'reflexarc fleet reset' (alert: {alert.get('error') or alert.get('outcome')})")
+        elif kind == "rollout":
+            out.append(f"{at} the fleet rollout of {rec.get('policy')} widened: {rec.get('detail')}")
     return out
 
 

@@ -224,6 +224,15 @@ def _drift(rec: dict) -> str:
             "('reflexarc rollback ID' restores what was there before it)")
 
 
+def _rollout(rec: dict) -> str:
+    if rec.get("event") == "opened":
+        alert = rec.get("alert") or {}
+        return (f"fleet breaker of {rec.get('policy')} OPENED by this node: {rec.get('detail')}; no node enforces "
+                f"it until 'reflexarc fleet reset {rec.get('policy')} --reason TEXT' (alert: "
+                f"{alert.get('error') or alert.get('outcome')})")
+    return f"fleet rollout of {rec.get('policy')} widened to {rec.get('detail')}"
+
+
 def _end(rec: dict) -> str:
     summary = rec.get("summary") or {}
     actions = ", ".join(f"{k} {v}" for k, v in sorted((summary.get("actions") or {}).items())) or "none"
@@ -243,7 +252,7 @@ def _other(rec: dict) -> str:
 
 TELLERS = {"transition": _transition, "action": _action, "run": _run, "reload": _reload, "limit": _limit,
            "error": _error, "forget": _forget, "end": _end, "kill_switch": _kill_switch, "pause": _pause,
-           "resume": _resume, "operator": _operator, "drift": _drift}
+           "resume": _resume, "operator": _operator, "drift": _drift, "rollout": _rollout}
 
 FIELDS = {   # the fields of an event in JSON beyond ts, level, logger, kind, msg, policy, rule, target, labels
     "transition": ("from", "to", "trigger", "note"),
@@ -259,6 +268,7 @@ FIELDS = {   # the fields of an event in JSON beyond ts, level, logger, kind, ms
     "resume": ("reason", "paused_for", "by"),
     "operator": ("verb", "by", "id", "all", "results"),
     "drift": ("journal_id", "actuator", "differs"),
+    "rollout": ("event", "stage", "detail", "node", "alert"),
 }
 
 
@@ -272,7 +282,8 @@ def describe(rec: dict) -> str | None:
 
 def _level(rec: dict) -> str:
     kind, outcome = rec.get("kind"), rec.get("outcome")
-    if kind == "error" or outcome == Outcome.FAILED or (kind == "reload" and outcome == RELOAD_REFUSED):
+    if kind == "error" or outcome == Outcome.FAILED or (kind == "reload" and outcome == RELOAD_REFUSED) \
+            or (kind == "rollout" and rec.get("event") == "opened"):
         return "ERROR"
     if kind == "action" and outcome == Outcome.REFUSED:      # the fleet budget: nothing applied, tried again
         return "WARNING"
