@@ -13,11 +13,12 @@
                                              (a summary; --json the whole result)
     reflexarc rollback ID|--all              revert journaled changes
     reflexarc journal                        list journaled changes
+    reflexarc fleet status|reset POLICY      the fleet's budget, rollouts and breakers in etcd
 
 Each verb's ``cmd_<verb>`` lives in the module named after it (``validate.py``,
 ``explain.py``, ``simulate.py`` with test-policies, ``report.py``, ``run.py``,
 ``probes.py``, ``top.py``, ``jobs.py``, ``act.py``, ``rollback.py``,
-``journal.py``, ``status.py`` with pause and resume); what several verbs
+``journal.py``, ``status.py`` with pause and resume, ``fleet.py``); what several verbs
 share is in ``shared.py``, the argument types in ``args.py``.
 
 The global options (``--state-dir``, ``-v``, ...) go before the command or
@@ -54,6 +55,7 @@ from .act import actuators_help, cmd_act
 from .args import (_address_arg, _count_arg, _duration_arg, _endpoints_arg, _interval_arg, _key_prefix_arg,
                    _node_name_arg, _path_arg, _percent_arg, _port_arg, _positive_count_arg, _size_mb_arg, _ttl_arg)
 from .explain import cmd_explain
+from .fleet import cmd_fleet
 from .jobs import cmd_jobs
 from .journal import cmd_journal
 from .probes import cmd_probes
@@ -335,6 +337,23 @@ def build_parser() -> Parser:
     s = sub.add_parser("resume", help="end a pause of the running controller's enforcement; audited")
     s.add_argument("--reason", metavar="TEXT", help="why (written to the audit)")
     s.set_defaults(fn=cmd_resume)
+
+    s = sub.add_parser("fleet", help="the fleet's budget, rollouts and breakers in etcd; reset a breaker",
+                       description="status: the live nodes, each pool's slots and queue, each policy's rollout "
+                                   "stage, seats and breaker. reset POLICY --reason TEXT: close the policy's "
+                                   "breaker (written to the rollout's history with who asked); --from-start "
+                                   "goes back to the first stage too (docs/fleet.md).")
+    s.add_argument("action", choices=("status", "reset"),
+                   help="status: what the store holds; reset: close a policy's breaker")
+    s.add_argument("policy", nargs="?", help="the policy whose breaker to reset (reset)")
+    s.add_argument("--fleet-etcd", type=_endpoints_arg, required=True, metavar="URL[,URL...]",
+                   help="the etcd cluster's client URLs")
+    s.add_argument("--fleet-prefix", type=_key_prefix_arg, default="/reflexarc", metavar="PREFIX",
+                   help="the etcd keys of this fleet (default %(default)s)")
+    s.add_argument("--reason", metavar="TEXT", help="why the breaker is reset (reset; required)")
+    s.add_argument("--from-start", action="store_true", help="reset: back to the first stage, its seats emptied")
+    s.add_argument("--json", action="store_true", help="status: the whole view as JSON")
+    s.set_defaults(fn=cmd_fleet)
     return p
 
 

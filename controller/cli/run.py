@@ -80,17 +80,23 @@ def _metrics_server(args, registry):
 FLEET_OPTIONS = ("fleet_max_nodes", "fleet_max_percent", "node_name")
 
 
-def _fleet_budget(args):
+def _fleet_budget(args, policies, override):
     """The fleet budget of ``run --fleet-etcd`` (``controller/fleet/``), not yet
     registered; None without ``--fleet-etcd``. An option of the budget without
-    it, or a budget without a limit, is an error."""
+    it, a budget without a limit and without a rollout to hold, or an enforcing
+    policy with a rollout and no store, is an error."""
+    rolled = [p.name for p in policies if p.rollout is not None and (override or p.mode) == "enforce"]
     if not args.fleet_etcd:
         given = [f"--{name.replace('_', '-')}" for name in FLEET_OPTIONS if getattr(args, name) is not None]
         if given:
             raise CliError(f"{given[0]} needs --fleet-etcd (the etcd cluster that holds the fleet's budget)")
+        if rolled:
+            raise CliError(f"policy {rolled[0]} enforces a fleet rollout, which is held in etcd: give --fleet-etcd "
+                           f"(docs/fleet.md), or run it in dry-run or alert-only")
         return None
-    if args.fleet_max_nodes is None and args.fleet_max_percent is None:
-        raise CliError("--fleet-etcd needs a limit: --fleet-max-nodes N, --fleet-max-percent P, or both")
+    if args.fleet_max_nodes is None and args.fleet_max_percent is None and not rolled:
+        raise CliError("--fleet-etcd needs a limit (--fleet-max-nodes N, --fleet-max-percent P, or both) or an "
+                       "enforcing policy with a rollout")
     import socket
 
     from ..fleet.budget import FleetBudget
@@ -138,6 +144,7 @@ def cmd_run(args) -> int:
     from ..engine.engine import Controller
     from ..engine.executor import Executor
     from ..engine.limits import LimitSettings
+    from ..fleet.rollout import FleetRollout
     from ..policy.readiness import idle_reason
     from ..runtime.live import run_live
     from ..runtime.reload import PolicyFiles, Reloader
@@ -153,11 +160,11 @@ def cmd_run(args) -> int:
     config.audit_path = str(audit_path.resolve())
     registry = build_registry(config)
     reconciled = _reconcile(Executor(registry, journal, clock), journal)
-    budget = _fleet_budget(args)
     _output_file(str(audit_path), "the audit log")
     files = PolicyFiles(_paths_or_builtin(args.policy))   # before the load: a change while starting is reloaded
     policies = _load_policies(args.policy, withhold=True)
     override = None if args.mode == "policy" else args.mode
+    budget = _fleet_budget(args, policies, override)
     _refuse_untrusted(policies, override)
     promql = _promql(args)
     for finding in promql.diagnostics:
@@ -218,7 +225,8 @@ def cmd_run(args) -> int:
                                                     max_bytes=int(args.audit_max_mb * (1 << 20)),
                                                     listeners=[Narrator(args.log_format)]),   # each event on stderr
                      limits=LimitSettings(args.kill_switch, args.max_active, args.actions_per_hour),
-                     target_grace=args.target_grace, budget=budget)
+                     target_grace=args.target_grace, budget=budget,
+                     rollout=None if budget is None else FleetRollout(budget))
     reloader = Reloader(ctl, files, facts, receiver=bool(args.alertmanager_url or args.webhook_url),
                         selection=None if manager is None else lambda ps: _selection(ps, args.job))
     hup = _set_hup(lambda *_: reloader.request())   # reload at the next tick
