@@ -29,11 +29,13 @@ import urllib.request
 import uuid
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from conftest import require, wait_until
 from fleet_nodes import TTL, Node
 from reflexarc.controller.fleet.budget import FleetBudget, Refused
 from reflexarc.controller.fleet.store import EtcdStore, StoreUnavailable, parse_endpoint
+from reflexarc.controller.runtime.exporter import FleetCollector
 from reflexarc.core.outcomes import Outcome
 from reflexarc.simulations.testbed.etcd import EtcdCluster
 from reflexarc.simulations.testbed.local_server import free_port
@@ -168,11 +170,16 @@ def _scrape(port: int) -> str:
         return response.read().decode()
 
 
-def _refused_count(text: str, reason: str) -> float:
+def _sample(text: str, series: str) -> float | None:
+    """The value of ``series`` (name and labels as exposed) in a scrape; None when absent."""
     for line in text.splitlines():
-        if line.startswith(f'reflexarc_budget_refused_total{{reason="{reason}"}}'):
+        if line.startswith(series + " "):
             return float(line.split()[-1])
-    return 0.0
+    return None
+
+
+def _refused_count(text: str, reason: str) -> float:
+    return _sample(text, f'reflexarc_budget_refused_total{{reason="{reason}"}}') or 0.0
 
 
 @pytest.mark.slow
@@ -189,6 +196,9 @@ def test_the_store_out_of_reach_refuses_audits_counts_and_applies_nothing(tmp_pa
         counted = wait_until("the refusal counted", lambda: _refused_count(_scrape(port), "store-unreachable"),
                              timeout=30)
         assert counted >= 1
+        cut_off = _scrape(port)
+        assert _sample(cut_off, "reflexarc_fleet_registered") == 0.0, "the dashboard sees the node unregistered"
+        assert 'reflexarc_fleet_slots_held{' not in cut_off
         assert node.knob.read_text().strip() == "1", "nothing applied"
         assert node.journal() == [], "nothing journaled: the slot comes before the intent"
         (first, *_) = [r for r in node.audit() if r.get("outcome") == Outcome.REFUSED]
@@ -200,6 +210,9 @@ def test_the_store_out_of_reach_refuses_audits_counts_and_applies_nothing(tmp_pa
                    timeout=60)
         assert node.knob.read_text().strip() == "0"
         assert len(slots(EtcdStore(etcd.endpoints), prefix)) == 1
+        back = _scrape(port)
+        assert _sample(back, "reflexarc_fleet_registered") == 1.0
+        assert _sample(back, 'reflexarc_fleet_slots_held{pool="policy:fleet-test"}') == 1.0
     finally:
         assert node.stop() == 0, node.stderr()
     assert node.knob.read_text().strip() == "1", "reverted at the stop"
@@ -315,6 +328,10 @@ def test_a_lost_lease_registers_again_and_takes_its_slot_back(etcd, budgets):
     observer.revoke(a.lease)                     # again, and a take comes before the next renewal
     assert a.take("q", "h2").startswith(f"{budgets.prefix}/pools/q/"), "registered again, then taken"
     assert a.lost == 2 and observer.count(key) == 1, "the held slot taken back too"
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(a))
+    assert registry.get_sample_value("reflexarc_fleet_lease_lost_total") == 2
+    assert registry.get_sample_value("reflexarc_fleet_slots_held", {"pool": "q"}) == 1
 
 
 @pytest.mark.slow

@@ -126,6 +126,11 @@ class FleetBudget:
         registers the node (the lease a rollout's seats are held with)."""
         return self.max_nodes is not None or self.max_percent is not None
 
+    @property
+    def renewing(self) -> bool:
+        """Whether the node has a lease and its last renewal reached the store."""
+        return self.lease is not None and not self._outage
+
     def registered(self) -> int:
         """The node's lease, registering it first when it has none (StoreUnavailable, StoreError)."""
         with self._lock:

@@ -14,6 +14,10 @@ and serves the controller's registry from ``start()`` to ``close()``.
   not be written (``audit.py``);
 - ``reflexarc_alert_deliveries_total{receiver,outcome}``: alerts sent, failed
   or dropped per receiver (``actuators/alert.py``);
+- with a fleet budget, ``reflexarc_fleet_slots_held{pool}`` (slots this node
+  holds now: their sum over nodes is the fleet's slots in use),
+  ``reflexarc_fleet_registered`` (1 while the node's lease in etcd is live and
+  renewed) and ``reflexarc_fleet_lease_lost_total`` (``budget.py``);
 - the controller's own CPU, memory and descriptors (``process_*``).
 
 The rest (rule states, actions, drops, loop lag) is kept by
@@ -321,10 +325,32 @@ class AlertCollector:
         yield family
 
 
+class FleetCollector:
+    """What a node's fleet budget holds now: its slots per pool, whether its
+    lease is live, how often the lease ran out under it."""
+
+    def __init__(self, budget) -> None:
+        self.budget = budget
+
+    def collect(self):
+        held = GaugeMetricFamily("reflexarc_fleet_slots_held", "Fleet budget slots this node holds now, by pool "
+                                 "(summed over nodes: the fleet's slots in use)", labels=["pool"])
+        for pool, holders in sorted(self.budget.held().items()):
+            held.add_metric([pool], 1.0 if holders else 0.0)
+        yield held
+        yield GaugeMetricFamily("reflexarc_fleet_registered", "1 while this node's lease in the fleet store is "
+                                "live and renewed; 0 while the store is out of reach (enforce changes refused)",
+                                value=1.0 if self.budget.renewing else 0.0)
+        yield CounterMetricFamily("reflexarc_fleet_lease_lost", "Times this node's lease in the fleet store "
+                                  "ran out under it (the store out of its reach longer than the TTL)",
+                                  value=float(self.budget.lost))
+
+
 def export_live_state(registry: CollectorRegistry, bus, manager=None, journal=None, audit=None,
-                      alerts=None) -> None:
+                      alerts=None, budget=None) -> None:
     """Register the scrape-time collectors on ``registry``: the bus's signals,
-    the probes of ``manager``, ``journal`` and ``audit`` when given, this process."""
+    the probes of ``manager``, ``journal``, ``audit``, ``alerts`` and the fleet
+    ``budget`` when given, this process."""
     registry.register(SignalCollector(bus))
     if manager is not None:
         registry.register(ProbeCollector(manager))
@@ -334,4 +360,6 @@ def export_live_state(registry: CollectorRegistry, bus, manager=None, journal=No
         registry.register(AuditCollector(audit))
     if alerts is not None:
         registry.register(AlertCollector(alerts))
+    if budget is not None:
+        registry.register(FleetCollector(budget))
     ProcessCollector(registry=registry)

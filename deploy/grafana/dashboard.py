@@ -1,8 +1,10 @@
 """Build the Grafana dashboard of reflexarc nodes: deploy/grafana/reflexarc-dashboard.json
 and its copy in the Helm chart (deploy/helm/reflexarc/dashboards/reflexarc.json).
 
-Rows: rule states; actions by outcome and would-have-acted counts; probe
-health; the controller's own cost; the live signals. The controller's metrics
+Rows: rule states; actions by outcome and would-have-acted counts; the
+fleet's budget slots, refusals, rollout stages and breakers (empty on nodes
+run without ``--fleet-etcd``); probe health; the controller's own cost; the
+live signals. The controller's metrics
 are those of ``controller/engine/metrics.py`` and ``controller/runtime/exporter.py``; a live
 signal of the catalogue is exported under the name ``controller/runtime/signal_metrics.py``
 gives it (its unit suffix in a base unit: ``step_time_ms`` is
@@ -154,6 +156,25 @@ def build() -> dict:
     g.add(stat("Kill switch", f"max by (node) (reflexarc_kill_switch_engaged{{{NODE}}})",
                description="1 while /run/reflexarc/disable exists: nothing is enforced.",
                thresholds=GREEN_RED), w=12, h=5)
+
+    g.row("Fleet")
+    g.add(series("Fleet slots in use", [
+        (f"sum by (pool) (reflexarc_fleet_slots_held{{{NODE}}})", "{{pool}}")],
+        description="Budget slots held, summed over the nodes shown: at most the pool's limit "
+                    "(--fleet-max-nodes, --fleet-max-percent; docs/fleet.md)."), w=8)
+    g.add(series("Refused by the fleet", [
+        (f"sum by (reason) (increase(reflexarc_budget_refused_total{{{NODE}}}[{RATE}]))", "{{reason}}")],
+        description="Enforce changes the budget or a rollout refused, nothing applied: budget-full, "
+                    "rollout-stage, breaker-open, store-unreachable (fail closed)..."), w=8)
+    g.add(stat("Nodes registered", f"sum(reflexarc_fleet_registered{{{NODE}}})",
+               description="Nodes whose lease in etcd is live and renewed; one at 0 refuses every enforce "
+                           "change until the store answers."), w=8)
+    g.add(stat("Breaker open", f"max by (policy) (reflexarc_rollout_breaker_open{{{NODE}}})",
+               description="1 while a policy's fleet circuit breaker is open: no node enforces it until "
+                           "reflexarc fleet reset POLICY --reason TEXT.", thresholds=GREEN_RED), w=12, h=5)
+    g.add(stat("Rollout stage", f"max by (policy) (reflexarc_rollout_stage{{{NODE}}})",
+               description="The stage (1 = first) each policy's rollout is at, as the nodes last read it."),
+          w=12, h=5)
 
     g.row("Probes and intake")
     g.add(stat("Probe up", f'sum by (node, probe) (reflexarc_probe_up{{{NODE}, state=~"ok|degraded"}})',
