@@ -338,6 +338,14 @@ FULL = {"mode": "enforce", "policies": {"numa.yaml": (ROOT / "policies" / "datal
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "priorityClassName": "node-agent"}
 SERVICE_MONITOR_ON = {"serviceMonitor": {"enabled": True}}
+ETCD_MEMBERS = [f"http://10.0.0.{i}:2379" for i in (11, 12, 13)]
+# the fleet budget with the chart's own etcd; with an existing one; the chart's on emptyDirs, five members
+FLEET_ETCD = {"fleet": {"etcd": {"deploy": True}, "maxNodes": 5, "maxPercent": 12.5, "ttl": 30, "prefix": "/a100"}}
+FLEET_ENDPOINTS = {"fleet": {"endpoints": ETCD_MEMBERS, "maxPercent": 10}}
+FLEET_ETCD_EMPTYDIR = {"fleet": {"maxNodes": 2, "etcd": {
+    "deploy": True, "replicas": 5, "storage": {"emptyDir": True}, "priorityClassName": "system-cluster-critical",
+    "image": {"digest": "sha256:" + "cd" * 32}, "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+    "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}]}}}
 
 
 def _container(objs) -> dict:
@@ -348,8 +356,9 @@ def _container(objs) -> dict:
 
 def test_chart_lints_clean(tmp_path):
     helm = _helm()
-    report = helm.lint(str(CHART), strict=True, kube_version="v1.30.0")
-    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
+    for values in (None, FLEET_ETCD, FLEET_ETCD_EMPTYDIR):
+        report = helm.lint(str(CHART), values, strict=True, kube_version="v1.30.0")
+        assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
     broken = tmp_path / "reflexarc"
     shutil.copytree(CHART, broken)
     with open(broken / "templates" / "service.yaml", "a") as fh:
@@ -358,13 +367,17 @@ def test_chart_lints_clean(tmp_path):
     assert report["errors"] or [m for m in report["messages"] if m["severity"] >= 2], report
 
 
-@pytest.mark.parametrize("values", [None, FULL], ids=["defaults", "every-option"])
+@pytest.mark.parametrize("values", [None, FULL, FLEET_ETCD, FLEET_ENDPOINTS, FLEET_ETCD_EMPTYDIR],
+                         ids=["defaults", "every-option", "fleet-etcd", "fleet-endpoints", "fleet-etcd-emptydir"])
 def test_chart_renders_valid_kubernetes_objects(values):
     kv = _kv()
     objs = _objects(values)
     kinds = {kind for kind, _ in objs}
     assert {"DaemonSet", "Service", "ConfigMap", "ServiceAccount"} <= kinds
     assert ("ServiceMonitor" in kinds) == (values is FULL)
+    deployed = (values or {}).get("fleet", {}).get("etcd", {}).get("deploy", False)
+    etcd_kinds = {"StatefulSet", "PodDisruptionBudget"}
+    assert kinds & etcd_kinds == (etcd_kinds if deployed else set())
     for (kind, name), obj in objs.items():
         if kind == "ServiceMonitor":        # a CRD: checked in test_service_and_service_monitor
             continue
@@ -563,8 +576,227 @@ def test_dashboard_configmap_carries_the_dashboard():
     assert ("ConfigMap", "reflexarc-dashboard") not in _objects({"dashboard": {"enabled": False}})
 
 
+# --- the fleet's etcd (fleet.etcd.deploy) ------------------------------------------------------
+def _etcd_help_flags() -> set[str]:
+    """The options the real etcd server lists in ``etcd --help``."""
+    res = subprocess.run([_tool("etcd", "etcd-server"), "--help"], capture_output=True, text=True, timeout=30)
+    flags = set(re.findall(r"^\s+(--[a-z0-9-]+)\b", res.stdout + res.stderr, re.M))
+    assert {"--name", "--initial-cluster", "--data-dir"} <= flags, res.stdout[:500]
+    return flags
+
+
+def _etcd_member(objs) -> tuple[dict, dict, dict[str, str]]:
+    """The etcd StatefulSet, its container and that container's --flag=value options."""
+    sts = objs[("StatefulSet", "reflexarc-etcd")]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    assert all(a.startswith("--") and "=" in a for a in container["args"]), container["args"]
+    options = dict(a.split("=", 1) for a in container["args"])
+    assert len(options) == len(container["args"]), "an option given twice"
+    return sts, container, options
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    """$(VAR) as Kubernetes expands it in a container's command line."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env[m.group(1)], text)
+
+
+def test_chart_etcd_members_name_each_other_and_the_controllers_name_them():
+    """With fleet.etcd.deploy the StatefulSet runs etcd with options the real
+    etcd lists, an --initial-cluster of one member per replica under the
+    headless Service's DNS names (each pod's own entry its advertised peer
+    URL), its data on the volume, probes on /health of the client port; the
+    DaemonSet's command line, parsed by the real CLI, gives every member's
+    client URL to --fleet-etcd, the limits to --fleet-*, and the node's
+    Kubernetes name to --node-name."""
+    known = _etcd_help_flags()
+    for values, replicas in ((FLEET_ETCD, 3), (FLEET_ETCD_EMPTYDIR, 5)):
+        objs = _objects(values)
+        sts, c, options = _etcd_member(objs)
+        spec, pod = sts["spec"], sts["spec"]["template"]
+        assert set(options) <= known, f"options etcd does not know: {set(options) - known}"
+        assert c["command"] == ["/usr/local/bin/etcd"]
+        assert spec["replicas"] == replicas and spec["podManagementPolicy"] == "Parallel"
+        headless = objs[("Service", spec["serviceName"])]
+        assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+        client = objs[("Service", "reflexarc-etcd")]
+        for selector in (headless["spec"]["selector"], client["spec"]["selector"], spec["selector"]["matchLabels"],
+                         objs[("PodDisruptionBudget", "reflexarc-etcd")]["spec"]["selector"]["matchLabels"]):
+            assert selector.items() <= pod["metadata"]["labels"].items()
+        assert objs[("PodDisruptionBudget", "reflexarc-etcd")]["spec"]["maxUnavailable"] == 1
+        # the controllers' selectors do not pick the etcd pods
+        for selector in (objs[("DaemonSet", "reflexarc")]["spec"]["selector"]["matchLabels"],
+                         objs[("Service", "reflexarc")]["spec"]["selector"]):
+            assert not selector.items() <= pod["metadata"]["labels"].items()
+        names = [f"reflexarc-etcd-{i}" for i in range(replicas)]
+        domain = f"{headless['metadata']['name']}.reflexarc.svc.cluster.local"
+        initial = dict(entry.split("=", 1) for entry in options["--initial-cluster"].split(","))
+        assert list(initial) == names
+        assert initial == {n: f"http://{n}.{domain}:2380" for n in names}
+        assert options["--initial-cluster-state"] == "new" and options["--initial-cluster-token"]
+        env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+        assert env == {"POD_NAME": "metadata.name"}
+        for name in names:                         # each pod's own options, as Kubernetes expands them
+            own = {k: _expand(v, {"POD_NAME": name}) for k, v in options.items()}
+            assert own["--name"] == name and own["--initial-advertise-peer-urls"] == initial[name]
+            assert own["--advertise-client-urls"] == f"http://{name}.{domain}:2379"
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert options["--listen-client-urls"] == f"http://0.0.0.0:{ports['client']}"
+        assert options["--listen-peer-urls"] == f"http://0.0.0.0:{ports['peer']}"
+        assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == ports
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["httpGet"] == {"path": "/health", "port": "client"}, probe
+        (mount,) = c["volumeMounts"]
+        assert Path(options["--data-dir"]).is_relative_to(mount["mountPath"])
+        claims = [t["metadata"]["name"] for t in spec.get("volumeClaimTemplates", [])]
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        if values["fleet"]["etcd"].get("storage", {}).get("emptyDir"):
+            assert claims == [] and "emptyDir" in volumes[mount["name"]]
+        else:
+            assert claims == [mount["name"]] and not volumes
+        # the DaemonSet: every member's client URL, the limits, the node's own name
+        ds = _container(objs)
+        args, _ = _parse_container_command(ds)
+        assert args.fleet_etcd == [f"http://{n}.{domain}:2379" for n in names]
+        fleet = values["fleet"]
+        assert (args.fleet_max_nodes, args.fleet_max_percent) == (fleet.get("maxNodes"), fleet.get("maxPercent"))
+        assert args.fleet_ttl == fleet.get("ttl", 15) and args.fleet_prefix == fleet.get("prefix", "/reflexarc")
+        assert ds["args"][ds["args"].index("--node-name") + 1] == "$(NODE_NAME)"
+        assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in ds["env"]
+    # an existing etcd: its URLs as given, no etcd of the chart's
+    objs = _objects(FLEET_ENDPOINTS)
+    args, _ = _parse_container_command(_container(objs))
+    assert args.fleet_etcd == ETCD_MEMBERS and args.fleet_max_percent == 10 and args.fleet_max_nodes is None
+    assert not {k for k in objs if k[0] in ("StatefulSet", "PodDisruptionBudget") or "etcd" in k[1]}
+    # no etcd: no fleet option; the node still named as Kubernetes names it (its audit says so)
+    plain = _container(_objects())
+    args, _ = _parse_container_command(plain)
+    assert args.fleet_etcd is None and plain["args"][plain["args"].index("--node-name") + 1] == "$(NODE_NAME)"
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in plain["env"]
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"fleet": {"etcd": {"deploy": True}, "endpoints": ETCD_MEMBERS}},
+     "fleet.etcd.deploy=true runs the chart's own etcd, and fleet.endpoints names another: give one of them"),
+    ({"fleet": {"maxNodes": 5}}, "fleet.maxNodes needs an etcd: set fleet.etcd.deploy=true"),
+    ({"fleet": {"maxPercent": 10}}, "fleet.maxPercent needs an etcd: set fleet.etcd.deploy=true"),
+    ({"fleet": {"ttl": 30}}, "fleet.ttl needs an etcd"),
+    ({"fleet": {"prefix": "/a100"}}, "fleet.prefix needs an etcd"),
+], ids=["both-etcds", "max-nodes-alone", "max-percent-alone", "ttl-alone", "prefix-alone"])
+def test_chart_refuses_fleet_values_that_cannot_work(values, message):
+    helm = _helm()
+    with pytest.raises(helm.HelmError) as refused:
+        _render_module().render(values)
+    assert message in str(refused.value)
+
+
+def test_fleet_schema_refuses_what_the_cli_refuses(capsys):
+    """values.schema.json takes a fleet value exactly when ``reflexarc run``
+    takes the option the chart makes of it."""
+    helm = _helm()
+    parser, _ = _run_parser()
+    cases = {("maxNodes", "--fleet-max-nodes"): [0, 1, 250],
+             ("maxPercent", "--fleet-max-percent"): [0, 0.5, 100, 100.5],
+             ("ttl", "--fleet-ttl"): [1, 2, 3600, 3601],
+             ("prefix", "--fleet-prefix"): ["/a100", "/a/", "a100", "/", "//", "/a b"],
+             ("endpoints", "--fleet-etcd"): ["http://etcd-0:2379", "etcd_0", "[fd00::1]:2379",
+                                             "https://etcd.example:2379/", "ftp://etcd:2379", "http://etcd:2379/v3",
+                                             "http://user@etcd:2379"]}
+    with helm.Chart.load(str(CHART)) as chart:
+        for (key, option), samples in cases.items():
+            for sample in samples:
+                fleet = {"endpoints": [sample]} if key == "endpoints" else {key: sample, "endpoints": ETCD_MEMBERS}
+                try:
+                    chart.validate_schema(chart.merge_values({"fleet": fleet}))
+                    schema_takes = True
+                except helm.HelmError:
+                    schema_takes = False
+                try:
+                    parser.parse_args(["run", "--fleet-etcd", ETCD_MEMBERS[0], option, str(sample)])
+                    cli_takes = True
+                except SystemExit:
+                    cli_takes = False
+                assert schema_takes == cli_takes, (key, sample, schema_takes, capsys.readouterr().err)
+
+
+def test_chart_etcd_command_line_forms_a_healthy_cluster(tmp_path):
+    """The StatefulSet's etcd command line, run for real: each member with its
+    pod's options, the DNS names and 0.0.0.0 swapped for loopback ports and
+    the data directory for a temp one, every other option as rendered. The
+    three members form one cluster that reports healthy, under their pod
+    names, and the DaemonSet's --fleet-etcd URLs reach them."""
+    etcd = _tool("etcd", "etcd-server")
+    objs = _objects(FLEET_ETCD)
+    _, c, options = _etcd_member(objs)
+    names = list(dict(e.split("=", 1) for e in options["--initial-cluster"].split(",")))
+    (mount,) = c["volumeMounts"]
+    client = {n: free_port() for n in names}
+    peer = {n: free_port() for n in names}
+    # every address of the rendered command line, and where it goes here
+    domain = f"{objs[('StatefulSet', 'reflexarc-etcd')]['spec']['serviceName']}.reflexarc.svc.cluster.local"
+    swaps = {f"http://{n}.{domain}:{port}": f"http://127.0.0.1:{ports[n]}"
+             for n in names for port, ports in ((2379, client), (2380, peer))}
+    procs, logs = [], []
+    try:
+        for n in names:
+            own = {**swaps, "http://0.0.0.0:2379": f"http://127.0.0.1:{client[n]}",
+                   "http://0.0.0.0:2380": f"http://127.0.0.1:{peer[n]}", mount["mountPath"]: str(tmp_path / n)}
+            argv = []
+            for arg in c["args"]:
+                arg = _expand(arg, {"POD_NAME": n})
+                for old, new in own.items():
+                    arg = arg.replace(old, new)
+                assert "svc.cluster.local" not in arg and "0.0.0.0" not in arg, arg
+                argv.append(arg)
+            logs.append(open(tmp_path / f"{n}.log", "wb"))
+            procs.append(subprocess.Popen([etcd, *argv], stdout=logs[-1], stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+
+        def health(url: str) -> str | None:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    return json.load(response).get("health")
+            except (OSError, ValueError):
+                return None
+
+        urls = [f"http://127.0.0.1:{client[n]}" for n in names]
+        deadline = time.monotonic() + 60
+        while not all(health(u) == "true" for u in urls):
+            assert all(p.poll() is None for p in procs), "\n".join(
+                (tmp_path / f"{n}.log").read_text(errors="replace")[-1500:] for n in names)
+            assert time.monotonic() < deadline, "the members did not become healthy in 60 s"
+            time.sleep(0.2)
+        request = urllib.request.Request(f"{urls[0]}/v3/cluster/member/list", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            members = json.load(response)["members"]
+        assert sorted(m["name"] for m in members) == names
+        assert sorted(u for m in members for u in m["clientURLs"]) == sorted(urls)
+        # the controllers' URLs are these members' client URLs
+        args, _ = _parse_container_command(_container(objs))
+        assert [swaps[u] for u in args.fleet_etcd] == urls
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in logs:
+            log.close()
+
+
 @pytest.mark.parametrize("values", [{"mode": "yolo"}, {"metrics": {"port": 0}}, {"moed": "enforce"},
-                                    {"policies": {"../escape.yaml": "x"}}])
+                                    {"policies": {"../escape.yaml": "x"}},
+                                    {"fleet": {"maxNodes": 0}}, {"fleet": {"maxPercent": 0}},
+                                    {"fleet": {"maxPercent": 101}}, {"fleet": {"ttl": 1}}, {"fleet": {"ttl": 3601}},
+                                    {"fleet": {"ttl": "15s"}}, {"fleet": {"prefix": "reflexarc"}},
+                                    {"fleet": {"endpoints": ["http://10.0.0.11:2379/v3"]}},
+                                    {"fleet": {"endpoints": "http://10.0.0.11:2379"}},
+                                    {"fleet": {"maxNodse": 5}}, {"fleet": {"etcd": {"deploy": "yes"}}},
+                                    {"fleet": {"etcd": {"replicas": 2}}}, {"fleet": {"etcd": {"replicas": 0}}},
+                                    {"fleet": {"etcd": {"storage": {"size": "lots"}}}},
+                                    {"fleet": {"etcd": {"image": {"tag": ""}}}}])
 def test_values_schema_refuses(values):
     helm = _helm()
     with helm.Chart.load(str(CHART)) as chart:
@@ -699,10 +931,11 @@ def test_dashboard_is_generated_and_complete():
     d = _dashboard()
     assert d["uid"] and d["panels"] and d["schemaVersion"] >= 36
     rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
-    assert rows == ["Rules", "Actions", "Probes and intake", "Controller cost", "Live signals"]
+    assert rows == ["Rules", "Actions", "Fleet", "Probes and intake", "Controller cost", "Live signals"]
     titles = {p["title"] for p in d["panels"]}
     assert {"Rule-targets by state", "Actions by outcome", "Would have acted (dry-run, alert-only)", "Probe up",
-            "Lost probe events", "CPU", "Resident memory", "Loop lag", "Step time"} <= titles
+            "Lost probe events", "CPU", "Resident memory", "Loop lag", "Step time", "Fleet slots in use",
+            "Refused by the fleet", "Breaker open"} <= titles
     ids = [p["id"] for p in d["panels"]]
     assert len(ids) == len(set(ids))
     for p in d["panels"]:
