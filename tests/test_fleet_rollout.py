@@ -181,6 +181,24 @@ def test_failed_verifications_open_the_breaker_for_every_node_across_restarts_un
     reset_event = next(h for h in state.history if h["event"] == "reset")
     assert reset_event["reason"] == "threshold fixed" and reset_event["was_open"], reset_event
     assert a.knob.read_text().strip() == b.knob.read_text().strip() == "1"
+    # one report across both nodes' audits, found under the directory that holds them
+    out = tmp_path / "fleet-report"
+    done = run_cli("report", str(tmp_path), "--out", str(out), check=0)
+    assert "node-a: 1 run(s)" in done.stdout and "node-b: 2 run(s)" in done.stdout, done.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["format"] == "reflexarc-fleet-report/1"
+    assert sorted(n["node"] for n in report["nodes"]) == ["node-a", "node-b"]
+    assert [(e["node"], e["event"]) for e in report["rollout_events"]] == [(opened["node"], "opened")]
+    refused = {(r["node"], r["reason"]): r["count"] for r in report["refusals"]}
+    assert refused[("node-a", "breaker-open")] == len(_refusals(a, "breaker-open"))
+    assert refused[("node-b", "breaker-open")] == len(_refusals(b, "breaker-open"))
+    (job,) = report["jobs"]
+    assert job["job"] == "j" and job["nodes"] == ["node-a", "node-b"], job
+    assert job["incidents"].get("rolled back", 0) >= 3, "the opener's three failed verifies, each rolled back"
+    for n in report["nodes"]:
+        assert (out / n["report"]).is_file(), "each node's own report beside the fleet's"
+    page = (out / "report.html").read_text()
+    assert 'href="nodes/node-a/report.html"' in page and "breaker of canary opened by" in page
 
 
 # --- in this process -------------------------------------------------------------------------------

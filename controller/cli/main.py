@@ -3,7 +3,7 @@
     reflexarc validate FILE|DIR... [--node]  check policies (file:line:col: error: ...)
     reflexarc simulate --list | SCENARIO     run a scenario in simulated time, write audit + report
     reflexarc test-policies FILE|DIR...      policy unit tests (scenario + expected actions)
-    reflexarc report AUDIT --out DIR         HTML/JSON/Markdown report of an audit log
+    reflexarc report AUDIT... --out DIR      HTML/JSON/Markdown report of an audit log, or across nodes
     reflexarc run [--policy P] [--mode M]    the controller on live probes (default dry-run;
                                              --mode policy honours each file's mode; SIGHUP
                                              or a changed policy file reloads: reload.py)
@@ -176,8 +176,10 @@ def build_parser() -> Parser:
                    help="policy test files, or directories of them (*.yaml, *.yml; e.g. policies/tests/)")
     s.set_defaults(fn=cmd_test_policies)
 
-    s = sub.add_parser("report", help="write a report from an audit log")
-    s.add_argument("audit", type=_path_arg, help="the audit log (STATE_DIR/audit.jsonl, or a simulation's)")
+    s = sub.add_parser("report", help="write a report from an audit log, or one across nodes from several")
+    s.add_argument("audit", type=_path_arg, nargs="+",
+                   help="the audit log (STATE_DIR/audit.jsonl, or a simulation's); several, or a directory "
+                        "(each audit.jsonl below it one node's), make one report across the nodes")
     s.add_argument("--out", required=True, type=_path_arg, metavar="DIR",
                    help="where report.html, report.json and report.md go")
     s.add_argument("--full", action="store_true",
@@ -245,7 +247,8 @@ def build_parser() -> Parser:
             fleet.add_argument("--fleet-prefix", type=_key_prefix_arg, default="/reflexarc", metavar="PREFIX",
                                help="the etcd keys of this fleet (default %(default)s)")
             fleet.add_argument("--node-name", type=_node_name_arg, metavar="NAME",
-                               help="this node in the fleet (default: the host name)")
+                               help="this node's name in its audit's run records and in the fleet, where "
+                                    "reports across nodes tell nodes apart by it (default: the host name)")
         if name == "probes":
             s.add_argument("--dump-bpf", action="store_true", help="print the final C of each probe")
         if name == "top":

@@ -77,10 +77,19 @@ def _metrics_server(args, registry):
         raise CliError(f"--metrics-addr {shown}: cannot listen there: {exc.strerror or exc}") from None
 
 
-FLEET_OPTIONS = ("fleet_max_nodes", "fleet_max_percent", "node_name")
+FLEET_OPTIONS = ("fleet_max_nodes", "fleet_max_percent")
 
 
-def _fleet_budget(args, policies, override):
+def _node_name(args) -> str:
+    """This node's name: ``--node-name``, else the host name (one that cannot name a node is an error)."""
+    import socket
+    node = args.node_name or socket.gethostname()
+    if not node or "/" in node:
+        raise CliError(f"the host name {node!r} cannot name this node: give --node-name NAME")
+    return node
+
+
+def _fleet_budget(args, policies, override, node: str):
     """The fleet budget of ``run --fleet-etcd`` (``controller/fleet/``), not yet
     registered; None without ``--fleet-etcd``. An option of the budget without
     it, a budget without a limit and without a rollout to hold, or an enforcing
@@ -97,13 +106,8 @@ def _fleet_budget(args, policies, override):
     if args.fleet_max_nodes is None and args.fleet_max_percent is None and not rolled:
         raise CliError("--fleet-etcd needs a limit (--fleet-max-nodes N, --fleet-max-percent P, or both) or an "
                        "enforcing policy with a rollout")
-    import socket
-
     from ..fleet.budget import FleetBudget
     from ..fleet.store import EtcdStore
-    node = args.node_name or socket.gethostname()
-    if not node or "/" in node:
-        raise CliError(f"the host name {node!r} cannot name this node in the fleet: give --node-name NAME")
     return FleetBudget(EtcdStore(args.fleet_etcd), node, max_nodes=args.fleet_max_nodes,
                        max_percent=args.fleet_max_percent, ttl=args.fleet_ttl, prefix=args.fleet_prefix)
 
@@ -164,7 +168,8 @@ def cmd_run(args) -> int:
     files = PolicyFiles(_paths_or_builtin(args.policy))   # before the load: a change while starting is reloaded
     policies = _load_policies(args.policy, withhold=True)
     override = None if args.mode == "policy" else args.mode
-    budget = _fleet_budget(args, policies, override)
+    node = _node_name(args)
+    budget = _fleet_budget(args, policies, override, node)
     _refuse_untrusted(policies, override)
     promql = _promql(args)
     for finding in promql.diagnostics:
@@ -233,11 +238,11 @@ def cmd_run(args) -> int:
     if EARLY_HUPS:                                   # one came while starting
         reloader.request()
     control = _control(args, ctl, journal, manager)
-    ctl.start(source="live", reconciled=reconciled)
+    ctl.start(source="live", reconciled=reconciled, node=node)
     if server is not None:
         from ..runtime.exporter import export_live_state
         export_live_state(metrics.registry, ctl.bus, manager, journal, ctl.audit,
-                          alerts=lambda: registry.built("alert"))
+                          alerts=lambda: registry.built("alert"), budget=budget)
     if budget is not None:
         budget.start()
     try:

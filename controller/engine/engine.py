@@ -107,7 +107,9 @@ def describe_policies(policies: list[Policy]) -> list[dict]:
             rules.append({"name": r.name, "conditions": [c.describe() for c in r.conditions()],
                           "when": when_tree(r.when), "verify_when": when_tree(r.verify.when) if r.verify else None,
                           "actions": [a.actuator for a in r.actions], "verify": verify, "rollback": rb_text})
+        job = p.selector.match.get("job")
         out.append({"name": p.name, "mode": p.mode, "file": p.loc.file if p.loc else None, "rules": rules,
+                    **({"job": job} if isinstance(job, str) and job else {}),
                     **({"rollout": p.rollout.to_dict()} if p.rollout else {})})
     return out
 
@@ -195,16 +197,18 @@ class Controller:
 
     # --- life ----------------------------------------------------------------
     def start(self, source: str = "live", scenario: dict | None = None,
-              reconciled: list[tuple[str, StepResult]] | None = None) -> list[tuple[str, StepResult]]:
+              reconciled: list[tuple[str, StepResult]] | None = None,
+              node: str | None = None) -> list[tuple[str, StepResult]]:
         """Reconcile what a previous process left applied (unless the caller did,
         first thing, and passes its ``reconciled`` results), then audit the run
-        and the reconcile: an audit that cannot be written never keeps the
-        journal from being reconciled."""
+        (``node``: the node it runs on, for reports across nodes) and the
+        reconcile: an audit that cannot be written never keeps the journal
+        from being reconciled."""
         if reconciled is None:
             reconciled = self.executor.reconcile()
             if self.journal is not None:
                 self.journal.compact()
-        self.audit.write("run", source=source, mode_override=self.mode_override,
+        self.audit.write("run", source=source, node=node, mode_override=self.mode_override,
                          started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                          policies=describe_policies(self.policies), scenario=scenario)
         for jid, res in reconciled:

@@ -23,9 +23,15 @@ straight into report.json); in memory about 32 bytes per evaluated condition and
 250 per transition, action and limit; the HTML grows with the plot width and the
 targets that did something, not with the number of evaluations or of quiet
 targets (its tables and charts are capped; ``full=True`` lifts the chart cap).
+
+Several nodes' audits make one report across them (``fleet.py``,
+``write_fleet_report``): each node's own report, and a page of the nodes,
+their incidents by job and the fleet budget's and rollouts' events.
 """
 from .audit import Audit, load_audit
+from .fleet import FleetInputError, find_audits
 from .summary import format_summary_table, summarize
-from .writer import write_audit_report, write_report
+from .writer import write_audit_report, write_fleet_report, write_report
 
-__all__ = ["Audit", "format_summary_table", "load_audit", "summarize", "write_audit_report", "write_report"]
+__all__ = ["Audit", "FleetInputError", "find_audits", "format_summary_table", "load_audit", "summarize",
+           "write_audit_report", "write_fleet_report", "write_report"]

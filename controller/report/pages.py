@@ -18,6 +18,9 @@ Example::
     Path("report.html").write_text(render_html(view))
     Path("report.md").write_text(render_markdown(view))
 
+``templates/fleet.html.j2`` and ``fleet.md.j2`` are the report across nodes
+(``fleet.py``), on the same stylesheet (``_style.html.j2``).
+
 Overhead: linear in what the view holds; the templates are compiled once per process.
 """
 from __future__ import annotations
@@ -104,3 +107,8 @@ def render_html(view: Page) -> str:
 
 def render_markdown(view: Page) -> str:
     return environment("md").get_template("report.md.j2").render(page=view)
+
+
+def render_fleet(view: dict, kind: str) -> str:
+    """The report across nodes (``fleet.py``'s view) as ``html`` or ``md``."""
+    return environment(kind).get_template(f"fleet.{kind}.j2").render(page=view)

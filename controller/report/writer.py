@@ -5,6 +5,7 @@ Example::
     paths = write_report("runs/numa/audit.jsonl", "runs/numa")
     paths["html"]    # PosixPath('runs/numa/report.html')
     paths, summary = write_audit_report(load_audit("runs/numa/audit.jsonl"), "runs/numa")
+    paths, fold = write_fleet_report(find_audits(["collected/"]), "out/fleet")   # across nodes (fleet.py)
 
 ``report.json`` holds ``format``, ``summary`` (exactly what ``summarize`` returns),
 ``decisions`` (every transition and action, uncapped, one per line), ``dry_run``,
@@ -41,11 +42,13 @@ from .audit import Audit, load_audit
 from .decisions import DecisionLog, iter_decisions, limit_groups
 from .detail import Detail
 from .incidents import IncidentLog
-from .pages import render_html, render_markdown
+from .fleet import FleetFold, fleet_json, fleet_view, fold_fleet
+from .pages import render_fleet, render_html, render_markdown
 from .summary import summarize
 from .view import page
 
 FORMAT = "reflexarc-report/2"
+FLEET_FORMAT = "reflexarc-fleet-report/1"
 SPOOL_BYTES = 8 << 20
 
 
@@ -74,8 +77,10 @@ def _light(incident: dict) -> dict:
             "rollback": [{k: v for k, v in a.items() if k != "diff"} for a in incident["rollback"]]}
 
 
-def write_json(fh, audit: Audit, summary: dict, detail: Detail = Detail.DEFAULT) -> tuple[DecisionLog, IncidentLog]:
-    """Stream ``report.json`` into ``fh``; what the pages show of the decisions and the incidents comes back."""
+def write_json(fh, audit: Audit, summary: dict, detail: Detail = Detail.DEFAULT,
+               on_incident=None) -> tuple[DecisionLog, IncidentLog]:
+    """Stream ``report.json`` into ``fh``; what the pages show of the decisions and the incidents comes back.
+    ``on_incident(incident)`` is called with each incident as it closes (the report across nodes counts them)."""
     log = DecisionLog(cap=max(detail.decision_rows, detail.dry_run_rows))
     incidents = IncidentLog(audit, keep=detail.incidents, per_rule=detail.incidents_per_rule)
     fh.write(f'{{"format": {to_json(FORMAT)},\n"summary": {to_json(summary)},\n"decisions": [')
@@ -86,6 +91,8 @@ def write_json(fh, audit: Audit, summary: dict, detail: Detail = Detail.DEFAULT)
         def keep(done: list[dict]) -> None:
             nonlocal written
             for incident in done:
+                if on_incident is not None:
+                    on_incident(incident)
                 settled.write(("\n" if written == 0 else ",\n") + to_json(_light(incident)))
                 written += 1
 
@@ -124,19 +131,36 @@ def _replace(path: Path, write):
     return result
 
 
-def write_audit_report(audit: Audit, out_dir: str | Path, full: bool = False) -> tuple[dict[str, Path], dict]:
+def write_audit_report(audit: Audit, out_dir: str | Path, full: bool = False,
+                       on_incident=None) -> tuple[dict[str, Path], dict]:
     """Write report.html, report.json and report.md of ``audit`` into ``out_dir``;
-    their paths, and the summary. ``full``: every target's chart, longer tables."""
+    their paths, and the summary. ``full``: every target's chart, longer tables;
+    ``on_incident``: see ``write_json``."""
     detail = Detail.FULL if full else Detail.DEFAULT
     summary = summarize(audit)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"html": out / "report.html", "json": out / "report.json", "md": out / "report.md"}
-    log, incidents = _replace(paths["json"], lambda fh: write_json(fh, audit, summary, detail))
+    log, incidents = _replace(paths["json"], lambda fh: write_json(fh, audit, summary, detail, on_incident))
     view = page(audit, summary, log, incidents, detail)
     _replace(paths["html"], lambda fh: fh.write(render_html(view)))
     _replace(paths["md"], lambda fh: fh.write(render_markdown(view)))
     return paths, summary
+
+
+def write_fleet_report(audits: list[Path], out_dir: str | Path,
+                       full: bool = False) -> tuple[dict[str, Path], FleetFold]:
+    """Write each trail's report under ``out_dir/nodes/NODE/`` and the fleet's
+    report.html, report.json and report.md into ``out_dir`` (``fleet.py``)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fold = fold_fleet(audits, out, full, write_audit_report)
+    view = fleet_view(fold)
+    paths = {"html": out / "report.html", "json": out / "report.json", "md": out / "report.md"}
+    _replace(paths["json"], lambda fh: fh.write(to_json({"format": FLEET_FORMAT, **fleet_json(fold)}) + "\n"))
+    _replace(paths["html"], lambda fh: fh.write(render_fleet(view, "html")))
+    _replace(paths["md"], lambda fh: fh.write(render_fleet(view, "md")))
+    return paths, fold
 
 
 def write_report(audit_path: str | Path, out_dir: str | Path, full: bool = False) -> dict[str, Path]:
