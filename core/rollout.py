@@ -27,7 +27,8 @@ import math
 import re
 from dataclasses import dataclass
 
-PERCENT_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$"
+from .budget import PERCENT_PATTERN, parse_percent
+
 ALL = "all"
 
 
@@ -82,18 +83,7 @@ def parse_stage(value) -> Stage:
 
 def parse_success_rate(value) -> float:
     """A success rate: ``"90%"`` or a number, > 0 and <= 100; ValueError saying why."""
-    if isinstance(value, bool):
-        raise ValueError("a success rate is a share such as '90%'")
-    if isinstance(value, (int, float)):
-        rate = float(value)
-    else:
-        match = re.match(PERCENT_PATTERN, str(value))
-        if not match:
-            raise ValueError(f"a success rate is a share such as '90%', got {value!r}")
-        rate = float(match.group(1))
-    if not 0 < rate <= 100:
-        raise ValueError(f"a success rate of {rate:g} % is not > 0 % and <= 100 %")
-    return rate
+    return parse_percent(value, "a success rate")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 real etcd cluster: its own state directory, node name and fixture ``/proc/sys``
 tree (the ``sysctl`` actuator writes ``kernel.numa_balancing`` there, so the
 machine is left alone), replaying four minutes of slow steps (``step_time_ms``
-520 every 0.2 s, job ``j``, rank 0) so its policy wants to act at once.
+520 every 0.2 s, job ``j`` unless told, rank 0) so its policy wants to act at once.
 What a test checks comes from what the node wrote: its journal and audit."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class Node:
     """One ``reflexarc run`` of the fleet, its own state, proc tree and name."""
 
     def __init__(self, tmp: Path, name: str, endpoints: list[str], prefix: str, policy: str,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), job: str = "j") -> None:
         self.dir = tmp / name
         self.name = name
         self.knob = self.dir / "proc" / "sys" / "kernel" / "numa_balancing"
@@ -31,7 +31,7 @@ class Node:
         (self.dir / "policy.yaml").write_text(policy)
         with open(self.dir / "signals.jsonl", "w") as f:
             for i in range(1200):          # four minutes of slow steps, every 0.2 s
-                f.write(json.dumps({"t": i * 0.2, "name": "step_time_ms", "labels": {"job": "j", "rank": "0"},
+                f.write(json.dumps({"t": i * 0.2, "name": "step_time_ms", "labels": {"job": job, "rank": "0"},
                                     "value": 520}) + "\n")
         self.journal_path = self.dir / "state" / "journal.jsonl"
         self.audit_path = self.dir / "state" / "audit.jsonl"

@@ -35,7 +35,9 @@ from conftest import require, wait_until
 from fleet_nodes import TTL, Node
 from reflexarc.controller.fleet.budget import FleetBudget, Refused
 from reflexarc.controller.fleet.store import EtcdStore, StoreUnavailable, parse_endpoint
+from reflexarc.controller.policy.loader import validate_paths
 from reflexarc.controller.runtime.exporter import FleetCollector
+from reflexarc.core.budget import BudgetSpec
 from reflexarc.core.outcomes import Outcome
 from reflexarc.simulations.testbed.etcd import EtcdCluster
 from reflexarc.simulations.testbed.local_server import free_port
@@ -380,3 +382,122 @@ def test_a_budget_needs_a_journal():
 def test_the_store_unreachable_is_typed():
     with pytest.raises(StoreUnavailable, match="no etcd endpoint answers"):
         EtcdStore([f"127.0.0.1:{free_port()}"]).count("/")
+
+
+# --- a policy's own budget ---------------------------------------------------------------------------
+PER_JOB = """\
+policies:
+  - name: per-job
+    mode: enforce
+    budget: {max_nodes: 1, per: job}
+    rules:
+      - name: slow-steps
+        by: [job, rank]
+        when: {signal: step_time_ms, agg: max, window: 2s, op: ">", threshold: 300}
+        actions:
+          - actuator: sysctl
+            params: {key: kernel.numa_balancing, value: "0"}
+        rollback: {on: [shutdown]}
+"""
+
+
+@pytest.mark.slow
+def test_a_per_job_budget_gives_each_job_its_own_slots(tmp_path, etcd):
+    """Three controllers, a policy of one node at a time per job and no limit
+    on the command line: of the two nodes of job x one acts and the other is
+    refused; the node of job y acts beside it."""
+    prefix = _prefix()
+    x1, x2 = (Node(tmp_path, f"x-{i}", etcd.endpoints, prefix, PER_JOB, job="x") for i in (1, 2))
+    y1 = Node(tmp_path, "y-1", etcd.endpoints, prefix, PER_JOB, job="y")
+    nodes = (x1, x2, y1)
+    try:
+        wait_until("job y's node and one of job x's acting, the other refused",
+                   lambda: y1.applied() and (x1.applied() or x2.applied())
+                   and [r for n in (x1, x2) for r in n.audit() if r.get("outcome") == Outcome.REFUSED]
+                   or not all(n.alive() for n in nodes), timeout=90)
+        assert all(n.alive() for n in nodes), [n.stderr() for n in nodes]
+        assert sorted([x1.applied() > 0, x2.applied() > 0]) == [False, True], "one node of job x at a time"
+        waiting = x2 if x1.applied() else x1
+        refused = [r for r in waiting.audit() if r.get("outcome") == Outcome.REFUSED]
+        assert all("budget-full: policy:per-job:job:x:" in r["error"] for r in refused), refused[:2]
+        observer = EtcdStore(etcd.endpoints)
+        for job in ("x", "y"):
+            assert len(observer.prefix(f"{prefix}/pools/policy:per-job:job:{job}/slots/")) == 1
+    finally:
+        codes = [n.stop() for n in nodes]
+    assert codes == [0, 0, 0], [n.stderr() for n in nodes]
+    assert all(n.knob.read_text().strip() == "1" for n in nodes)
+
+
+@pytest.mark.slow
+def test_a_policys_budget_replaces_the_nodes_limit(budgets):
+    wide = [budgets(f"n{i}", max_nodes=5) for i in range(3)]      # the node's command line: 5 at once
+    one = BudgetSpec(max_nodes=1)
+    pool = one.pool("strict", {})
+    wide[0].take(pool, "h", one)
+    assert _reason(lambda: wide[1].take(pool, "h", one)) == "budget-full", "the policy's 1, not the node's 5"
+    wide[1].take("policy:loose", "h")                             # another policy: the node's limit
+    wide[2].take("policy:loose", "h")
+    share = BudgetSpec(max_percent=50)                            # ceil(50 % of 3 live nodes) = 2
+    for b in wide[:2]:
+        b.take("policy:half", "h", share)
+    assert _reason(lambda: wide[2].take("policy:half", "h", share)) == "budget-full"
+
+
+def test_the_pool_of_a_change():
+    per_job = BudgetSpec(max_nodes=2, per="job")
+    assert per_job.pool("p", {"job": "llama/7b", "rank": "3"}) == "policy:p:job:llama%2F7b"
+    assert per_job.pool("p", {"rank": "3"}, job="from-selector") == "policy:p:job:from-selector"
+    assert per_job.pool("p", {"rank": "3"}) == "policy:p:no-job"
+    assert BudgetSpec(max_nodes=2).pool("p", {"job": "a"}) == "policy:p"
+    assert per_job.describe() == "at most 2 nodes at once per job"
+    assert BudgetSpec(max_nodes=3, max_percent=10).limit(100) == 3
+    assert BudgetSpec(max_percent=10).limit(45) == 5 and BudgetSpec(max_percent=10).limit(0) == 0
+
+
+def _budget_policy(budget: str, by: str = "[job, rank]", selector: str = "") -> str:
+    return ("policies:\n  - name: p\n    mode: enforce\n" + selector + "    budget: " + budget + "\n    rules:\n"
+            "      - name: r\n        by: " + by + "\n        when: {signal: step_time_ms, agg: max, window: 1s, "
+            "op: '>', threshold: 1}\n        actions: [{actuator: sysctl, params: {key: vm.swappiness, "
+            "value: '1'}}]\n        rollback: {on: [clear]}\n")
+
+
+@pytest.mark.parametrize("budget, by, column, error", [
+    ("{}", "[job]", 13, "a budget needs max_nodes, max_percent or both"),
+    ("{max_nodes: 0}", "[job]", 25, "'max_nodes' must be >= 1"),
+    ("{max_percent: '150%'}", "[job]", 27, "'max_percent' of 150 % is not > 0 % and <= 100 %"),
+    ("{max_nodes: 2, per: jobs}", "[job]", 33, "'per' 'jobs' is not valid"),
+    ("{max_percent: 10, per: job}", "[job]", 27, "a per-job budget is a count (max_nodes)"),
+    ("{max_nodes: 1, per: job}", "[rank]", 33, "a per-job budget needs each change's job, and rule(s) r make "
+                                               "targets without one"),
+])
+def test_a_bad_budget_is_an_error_at_its_place(tmp_path, budget, by, column, error):
+    path = tmp_path / "p.yaml"
+    path.write_text(_budget_policy(budget, by))
+    _, diagnostics = validate_paths([str(path)])
+    errors = [str(d) for d in diagnostics if d.is_error]
+    assert len(errors) == 1 and error in errors[0], errors
+    assert errors[0].startswith(f"{path}:4:{column}: error:"), errors[0]
+
+
+def test_a_good_budget_loads_and_a_per_job_one_may_take_the_selectors_job(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(_budget_policy("{max_nodes: 1, per: job}", "[rank]", "    selector: {match: {job: llama}}\n"))
+    (policy,), diagnostics = validate_paths([str(path)])
+    assert not [d for d in diagnostics if d.is_error], diagnostics
+    assert policy.budget == BudgetSpec(max_nodes=1, per="job") and policy.selector.one_job() == "llama"
+    path.write_text(_budget_policy("{max_percent: '10%'}"))
+    (policy,), _ = validate_paths([str(path)])
+    assert policy.budget == BudgetSpec(max_percent=10.0)
+
+
+def test_an_enforcing_budget_without_a_fleet_store_does_not_start(cli, tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(_budget_policy("{max_nodes: 1}"))
+    done = cli("--state-dir", str(tmp_path / "state"), "run", "--no-probes", "--policy", str(path),
+               "--mode", "policy", "--duration", "0", check=1)
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: policy p enforces under a fleet budget, which is held in etcd: give --fleet-etcd (docs/fleet.md), "
+        "or run it in dry-run or alert-only")
+    cli("--state-dir", str(tmp_path / "state"), "run", "--no-probes", "--policy", str(path), "--duration", "0",
+        check=0)                                                  # dry-run: no store needed

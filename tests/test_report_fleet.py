@@ -68,7 +68,7 @@ def test_a_directory_of_trails_is_one_report_with_each_nodes_own(collected, tmp_
     assert sorted(nodes) == ["gpu-1", "gpu-2", "gpu-3"]
     churn = Counter({"remediated": 3, "escalated": 1, "adopted": 1})      # the fixture's incidents, by status
     assert Counter(nodes["gpu-1"]["incidents"]) == Counter(nodes["gpu-2"]["incidents"]) == churn
-    assert nodes["gpu-3"]["refused"] == {"rollout-stage": 1, "breaker-open": 2}
+    assert nodes["gpu-3"]["refused_by_reason"] == {"rollout-stage": 1, "breaker-open": 2}
     for n in nodes.values():
         node_report = json.loads((paths["json"].parent / n["report"]).with_suffix(".json").read_text())
         assert node_report["format"] == "reflexarc-report/2", "each node's own report, as for one audit"

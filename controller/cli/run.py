@@ -92,9 +92,12 @@ def _node_name(args) -> str:
 def _fleet_budget(args, policies, override, node: str):
     """The fleet budget of ``run --fleet-etcd`` (``controller/fleet/``), not yet
     registered; None without ``--fleet-etcd``. An option of the budget without
-    it, a budget without a limit and without a rollout to hold, or an enforcing
-    policy with a rollout and no store, is an error."""
-    rolled = [p.name for p in policies if p.rollout is not None and (override or p.mode) == "enforce"]
+    it, a budget without a limit and without a policy's rollout or budget to
+    hold, or an enforcing policy with a rollout or a budget and no store, is an
+    error."""
+    enforcing = [p for p in policies if (override or p.mode) == "enforce"]
+    rolled = [p.name for p in enforcing if p.rollout is not None]
+    budgeted = [p.name for p in enforcing if p.budget is not None]
     if not args.fleet_etcd:
         given = [f"--{name.replace('_', '-')}" for name in FLEET_OPTIONS if getattr(args, name) is not None]
         if given:
@@ -102,10 +105,13 @@ def _fleet_budget(args, policies, override, node: str):
         if rolled:
             raise CliError(f"policy {rolled[0]} enforces a fleet rollout, which is held in etcd: give --fleet-etcd "
                            f"(docs/fleet.md), or run it in dry-run or alert-only")
+        if budgeted:
+            raise CliError(f"policy {budgeted[0]} enforces under a fleet budget, which is held in etcd: give "
+                           f"--fleet-etcd (docs/fleet.md), or run it in dry-run or alert-only")
         return None
-    if args.fleet_max_nodes is None and args.fleet_max_percent is None and not rolled:
+    if args.fleet_max_nodes is None and args.fleet_max_percent is None and not rolled and not budgeted:
         raise CliError("--fleet-etcd needs a limit (--fleet-max-nodes N, --fleet-max-percent P, or both) or an "
-                       "enforcing policy with a rollout")
+                       "enforcing policy with a rollout or a budget")
     from ..fleet.budget import FleetBudget
     from ..fleet.store import EtcdStore
     return FleetBudget(EtcdStore(args.fleet_etcd), node, max_nodes=args.fleet_max_nodes,

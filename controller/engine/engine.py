@@ -107,10 +107,11 @@ def describe_policies(policies: list[Policy]) -> list[dict]:
             rules.append({"name": r.name, "conditions": [c.describe() for c in r.conditions()],
                           "when": when_tree(r.when), "verify_when": when_tree(r.verify.when) if r.verify else None,
                           "actions": [a.actuator for a in r.actions], "verify": verify, "rollback": rb_text})
-        job = p.selector.match.get("job")
+        job = p.selector.one_job()
         out.append({"name": p.name, "mode": p.mode, "file": p.loc.file if p.loc else None, "rules": rules,
-                    **({"job": job} if isinstance(job, str) and job else {}),
-                    **({"rollout": p.rollout.to_dict()} if p.rollout else {})})
+                    **({"job": job} if job else {}),
+                    **({"rollout": p.rollout.to_dict()} if p.rollout else {}),
+                    **({"budget": p.budget.to_dict()} if p.budget else {})})
     return out
 
 
@@ -489,7 +490,8 @@ class Controller:
         actuator = act.action.actuator
         spec = self.rollouts.get(run.policy.name) if act.mode == "enforce" else None
         res = self.executor.act(actuator, run.target, act.params, act.mode, run.policy.name, run.rule.name,
-                                run.rule.rollback.on_restart, rollout=spec)
+                                run.rule.rollback.on_restart, rollout=spec, budget=run.policy.budget,
+                                job=run.policy.selector.one_job())
         if spec is not None and self.rollout is not None and run.policy.name in self.rollout.seen:
             seen = self.rollout.seen[run.policy.name]
             self.metrics.rollout(run.policy.name, seen.stage, seen.open)

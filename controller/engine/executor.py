@@ -28,7 +28,11 @@ A policy with a rollout (``rollout=`` of ``act``) is first admitted by the
 fleet's rollout (``controller/fleet/rollout.py``): a node outside the stage,
 or any node while the policy's breaker is open, is ``REFUSED``
 (``rollout-stage``, ``breaker-open``); without a fleet store it is refused
-too (``no-fleet-store``): a rollout is never skipped.
+too (``no-fleet-store``): a rollout is never skipped. A policy's own budget
+(``budget=`` of ``act``, ``core/budget.py``) takes its slot by that limit
+instead of the node's, in one pool per job with ``per: job`` (the target's
+``job`` label, else ``job=``, the job its selector names); without a fleet
+store it is refused the same way.
 
 Example::
 
@@ -40,6 +44,8 @@ Example::
     Executor(registry, journal, clock, budget=FleetBudget(store, "node-a", max_nodes=2))   # fleet-wide slots
     Executor(registry, journal, clock, budget=budget, rollout=FleetRollout(budget))
     ex.act("sysctl", target, params, mode="enforce", policy="p", rule="r", rollout=spec)  # stage and breaker first
+    ex.act("affinity", target, params, mode="enforce", policy="p", rule="r",
+           budget=BudgetSpec(max_nodes=2, per="job"))          # the policy's own limit, per job
 
 Overhead: the actuator's own cost, one fsync per journal step.
 """
@@ -55,6 +61,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from reflexarc.actuators.base import (ActuatorError, Change, PermanentActuatorError, Registry, Target,
                                       TemporaryActuatorError)
 from reflexarc.core.outcomes import Outcome
+from reflexarc.core.budget import BudgetSpec
 from reflexarc.core.rollout import RolloutSpec
 
 from ..fleet.budget import FleetBudget, Refused
@@ -118,7 +125,8 @@ class Executor:
         return self._retrying(act.plan, target, params)
 
     def act(self, actuator: str, target: Target, params: dict, mode: str, policy: str = "", rule: str = "",
-            on_restart: str = "revert", rollout: RolloutSpec | None = None) -> StepResult:
+            on_restart: str = "revert", rollout: RolloutSpec | None = None, budget: BudgetSpec | None = None,
+            job: str | None = None) -> StepResult:
         try:
             change = self.plan(actuator, target, params)
         except ActuatorError as exc:
@@ -134,7 +142,7 @@ class Executor:
             return StepResult(Outcome.PLANNED, change)
         if mode == "alert-only":
             return self._alert_instead(change, policy, rule)
-        return self._apply(change, policy, rule, on_restart, rollout)
+        return self._apply(change, policy, rule, on_restart, rollout, budget, job)
 
     def _send(self, change: Change) -> StepResult:
         try:
@@ -167,10 +175,12 @@ class Executor:
             return StepResult(Outcome.FAILED, change, error=f"alert: {exc}")
         return StepResult(Outcome.ALERTED, change, notice=alert)
 
-    def _take(self, change: Change, policy: str, rule: str, rollout: RolloutSpec | None) -> str | StepResult | None:
+    def _take(self, change: Change, policy: str, rule: str, rollout: RolloutSpec | None,
+              budget: BudgetSpec | None = None, job: str | None = None) -> str | StepResult | None:
         """The rollout's admission, then a slot of the fleet budget for
-        ``change``: the slot's holder, a ``REFUSED`` result, or None without a
-        budget that limits."""
+        ``change`` (by the policy's own ``budget``, in its pool for the
+        target's job with ``per: job``, else by the node's limits): the
+        slot's holder, a ``REFUSED`` result, or None without a limit."""
         if rollout is not None:
             try:
                 if self.rollout is None:
@@ -179,12 +189,17 @@ class Executor:
                 self.rollout.admit(policy, rollout)
             except Refused as exc:
                 return StepResult(Outcome.REFUSED, change, error=f"fleet rollout: {exc}", refused=exc.reason)
-        if self.budget is None or not self.budget.limited:
+        if budget is not None and self.budget is None:
+            return StepResult(Outcome.REFUSED, change, refused="no-fleet-store",
+                              error=f"fleet budget: no-fleet-store: policy {policy} declares a budget, and this "
+                                    f"controller runs without a fleet store (run --fleet-etcd)")
+        if self.budget is None or not self.budget.limited and budget is None:
             return None
         self._holders += 1
         holder = f"{policy}/{rule}/{change.target.key()}#{self._holders}"
+        pool = budget.pool(policy, change.target.labels, job) if budget is not None else f"policy:{policy}"
         try:
-            self.budget.take(f"policy:{policy}", holder)
+            self.budget.take(pool, holder, budget)
         except Refused as exc:
             return StepResult(Outcome.REFUSED, change, error=f"fleet budget: {exc}", refused=exc.reason)
         return holder
@@ -196,10 +211,10 @@ class Executor:
         if holder is not None and self.budget is not None:
             self.budget.give_back(holder)
 
-    def _apply(self, change: Change, policy: str, rule: str, on_restart: str,
-               rollout: RolloutSpec | None) -> StepResult:
+    def _apply(self, change: Change, policy: str, rule: str, on_restart: str, rollout: RolloutSpec | None,
+               budget: BudgetSpec | None = None, job: str | None = None) -> StepResult:
         act = self.registry.get(change.actuator)
-        holder = self._take(change, policy, rule, rollout)
+        holder = self._take(change, policy, rule, rollout, budget, job)
         if isinstance(holder, StepResult):
             return holder
         try:

@@ -14,7 +14,9 @@ Keys, under ``prefix`` (``/reflexarc``):
   asking) is passed over.
 
 The limit is ``min(N, ceil(P % x live nodes))`` of those given, at least 1
-while P is given and a node is alive. ``take`` reads the pool and, in one
+while P is given and a node is alive: the node's (``--fleet-max-nodes``,
+``--fleet-max-percent``), or a policy's own (``budget:``, ``core/budget.py``,
+given to ``take``; its pool may be one per job). ``take`` reads the pool and, in one
 transaction, creates a free slot below the limit (only if no fresher claim
 exists: the key must not exist) and deletes the node's waiting entry; a node
 ahead in the queue goes first (the first ``free`` waiters may take the
@@ -49,10 +51,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
+
+from reflexarc.core.budget import BudgetSpec, limit
 
 from .store import LEASE_GONE, Entry, EtcdStore, StoreError, StoreUnavailable
 
@@ -77,6 +80,7 @@ class Refused(Exception):
 class _Slot:
     key: str | None                    # None while the node acts without a slot (lost, not taken back yet)
     holders: set[str] = field(default_factory=set)
+    spec: BudgetSpec | None = None     # the policy's own limit; None: the node's
 
 
 class FleetBudget:
@@ -138,14 +142,12 @@ class FleetBudget:
                 self._register()
             return self.lease
 
-    def limit(self, live: int) -> int:
-        """How many nodes may act at once in a pool with ``live`` nodes alive."""
-        limits = []
-        if self.max_nodes is not None:
-            limits.append(self.max_nodes)
-        if self.max_percent is not None:
-            limits.append(max(1, math.ceil(self.max_percent * live / 100 - 1e-9)) if live else 0)
-        return min(limits)
+    def limit(self, live: int, spec: BudgetSpec | None = None) -> int:
+        """How many nodes may act at once in a pool with ``live`` nodes alive:
+        by the policy's own ``spec``, else by the node's limits."""
+        if spec is not None:
+            return spec.limit(live)
+        return limit(live, self.max_nodes, self.max_percent)
 
     # --- life ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -228,7 +230,7 @@ class FleetBudget:
         for pool, slot in self._slots.items():
             if only_unbacked and slot.key is not None:
                 continue
-            slot.key = self._claim(pool, next(iter(slot.holders), ""), queue=False)
+            slot.key = self._claim(pool, next(iter(slot.holders), ""), queue=False, spec=slot.spec)
             if slot.key is None:
                 log.error("fleet budget: %s acts in %s without a slot (the pool filled while its lease was "
                           "lost); retried at each renewal", self.node, pool)
@@ -240,9 +242,10 @@ class FleetBudget:
             self._unreleased.pop(0)
 
     # --- slots --------------------------------------------------------------------------------
-    def take(self, pool: str, holder: str) -> str:
+    def take(self, pool: str, holder: str, spec: BudgetSpec | None = None) -> str:
         """A slot of ``pool`` for ``holder``: its key (the slot this node
-        already holds in the pool, shared), or ``Refused``."""
+        already holds in the pool, shared), or ``Refused``. ``spec``: the
+        policy's own limit (``core/budget.py``); None, the node's."""
         with self._lock:
             slot = self._slots.get(pool)
             if slot is not None and slot.key is not None:
@@ -253,12 +256,12 @@ class FleetBudget:
                 if self.lease is None:
                     self._register()
                 try:
-                    key = self._claim(pool, holder, queue=slot is None)
+                    key = self._claim(pool, holder, queue=slot is None, spec=spec)
                 except StoreError as exc:
                     if LEASE_GONE not in str(exc):
                         raise
                     self._lease_lost()             # ran out since the last renewal: register and ask again
-                    key = self._claim(pool, holder, queue=slot is None)
+                    key = self._claim(pool, holder, queue=slot is None, spec=spec)
             except StoreUnavailable as exc:
                 raise Refused("store-unreachable", str(exc)) from None
             except StoreError as exc:
@@ -266,13 +269,13 @@ class FleetBudget:
             if key is None:
                 raise Refused("budget-full", f"{pool}: {self.why_full}")
             if slot is None:
-                slot = self._slots[pool] = _Slot(key)
+                slot = self._slots[pool] = _Slot(key, spec=spec)
             slot.key = key
             slot.holders.add(holder)
             self._pool_of[holder] = pool
             return key
 
-    def _claim(self, pool: str, holder: str, queue: bool) -> str | None:
+    def _claim(self, pool: str, holder: str, queue: bool, spec: BudgetSpec | None = None) -> str | None:
         """Create a free slot of ``pool``; its key, or None (and, with ``queue``,
         the node's waiting entry written or renewed; ``why_full`` says why).
         Without ``queue`` the node goes ahead of the waiters (it takes back a
@@ -280,8 +283,9 @@ class FleetBudget:
         lease = self.lease
         self.why_full = ""
         for _ in range(CLAIM_ROUNDS):
-            live = self.store.count(f"{self.prefix}/nodes/") if self.max_percent is not None else 0
-            limit = self.limit(live)
+            share = spec.max_percent if spec is not None else self.max_percent
+            live = self.store.count(f"{self.prefix}/nodes/") if share is not None else 0
+            limit = self.limit(live, spec)
             entries = self.store.prefix(self.pool_prefix(pool))
             taken, waiters = set(), []
             for e in entries:

@@ -42,6 +42,7 @@ from reflexarc.core.ports import EXAMPLE as PORT_EXAMPLE
 from reflexarc.core.ports import port_range
 from reflexarc.core.procfs import TASK_COMM_LEN
 from reflexarc.core.rates import RateError, parse_rate
+from reflexarc.core.budget import PER, BudgetSpec, parse_percent
 from reflexarc.core.rollout import RolloutSpec, parse_stage, parse_success_rate
 from reflexarc.core.signals import LABEL_VALUES
 from reflexarc.core.yaml_reader import MAX_INT, MAX_INT_TEXT, YamlReader, position
@@ -322,7 +323,43 @@ class _FileReader(YamlReader):
         self._check_selector_labels(policy, selector_match)
         if "rollout" in fields:
             policy.rollout = self._rollout(fields["rollout"][1], policy)
+        if "budget" in fields:
+            policy.budget = self._budget(fields["budget"][1], policy)
         return policy
+
+    def _budget(self, node: Node, policy: Policy) -> BudgetSpec | None:
+        fields = self._mapping(node, "budget", "'budget'")
+        if fields is None:
+            return None
+        values: dict = {}
+        if "max_nodes" in fields:
+            values["max_nodes"] = self.integer(fields["max_nodes"][1], "'max_nodes'", minimum=1)
+        if "max_percent" in fields:
+            value = self.value(fields["max_percent"][1])
+            try:
+                values["max_percent"] = None if value is None else parse_percent(value, "'max_percent'")
+            except ValueError as exc:
+                self.error(fields["max_percent"][1], str(exc))
+                values["max_percent"] = None
+        if "per" in fields:
+            values["per"] = self._choice(fields["per"][1], "'per'", PER)
+        if not {"max_nodes", "max_percent"} & set(fields):
+            self.error(node, "a budget needs max_nodes, max_percent or both, e.g. budget: {max_nodes: 2}")
+            return None
+        if values.get("per") == "job" and "max_percent" in fields:
+            self.error(fields["max_percent"][1], "a per-job budget is a count (max_nodes): a share would be of "
+                                                 "the job's nodes, which the fleet store does not hold")
+            return None
+        if values.get("per") == "job":
+            jobless = [r.name for r in policy.rules if "job" not in r.by and any(
+                a.actuator in SPECS and SPECS[a.actuator].changes_system for a in r.actions)]
+            if jobless and policy.selector.one_job() is None:
+                self.error(fields["per"][1], f"a per-job budget needs each change's job, and rule(s) "
+                                             f"{', '.join(jobless)} make targets without one; add job to their "
+                                             f"'by', or name the job in the selector (match: {{job: NAME}})")
+        if any(v is None for v in values.values()):
+            return None
+        return BudgetSpec(**values)
 
     def _rollout(self, node: Node, policy: Policy) -> RolloutSpec | None:
         fields = self._mapping(node, "rollout", "'rollout'")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
+from reflexarc.core.budget import BudgetSpec
 from reflexarc.core.rollout import RolloutSpec
 
 MODES = ("dry-run", "alert-only", "enforce")
@@ -176,6 +177,11 @@ class Selector:
     pods: tuple[str, ...] = ()                       # globs on the pod UID
     loc: Loc | None = None
 
+    def one_job(self) -> str | None:
+        """The one job its matchers name (``match: {job: NAME}``, equality), else None."""
+        job = self.match.get("job")
+        return job if isinstance(job, str) and job and not job.startswith(("~", "!")) else None
+
     def to_dict(self) -> dict:
         return {"match": dict(self.match), "processes": list(self.processes), "pids": list(self.pids),
                 "cgroup": self.cgroup, "interfaces": list(self.interfaces), "netns": self.netns,
@@ -201,6 +207,7 @@ class Policy:
     selector: Selector = field(default_factory=Selector)
     requires: tuple[str, ...] = ()   # device kinds or "promql" (producers.REQUIREMENTS) without which it is idle
     rollout: RolloutSpec | None = None   # enforced stage by stage across the fleet, behind a breaker
+    budget: BudgetSpec | None = None     # its own fleet budget (else the node's --fleet-max-*), per policy or job
     loc: Loc | None = None
 
 

@@ -35,7 +35,7 @@ from reflexarc.core.durations import EXAMPLES as DURATION_EXAMPLES
 from reflexarc.core.params import MAX_CPUS, ActuatorSpec, ParamSpec
 from reflexarc.core.ports import MAX_PORT, PORT_RANGE_PATTERN
 from reflexarc.core.rates import PATTERN as RATE_PATTERN
-from reflexarc.core.rollout import PERCENT_PATTERN
+from reflexarc.core.budget import PER, PERCENT_PATTERN
 
 from ..signals.catalogue import CATALOGUE
 from ..signals.producers import REQUIREMENTS
@@ -79,7 +79,17 @@ SECTIONS: dict[str, Section] = {
         "rules": "The rules of this policy, each a condition with its remediation.",
         "rollout": "Enforce it across a fleet stage by stage, behind a fleet circuit breaker (needs run "
                    "--fleet-etcd; docs/fleet.md).",
+        "budget": "Its own fleet budget: at most N nodes, or P % of the live nodes, making its enforce changes "
+                  "at once, across the fleet or per job (needs run --fleet-etcd; replaces the node's "
+                  "--fleet-max-nodes/--fleet-max-percent for this policy; docs/fleet.md).",
     }, required=("name", "rules")),
+    "budget": Section({
+        "max_nodes": "At most this many nodes at once (>= 1).",
+        "max_percent": "At most this share of the live nodes at once, rounded up, at least 1, e.g. '10%' "
+                       "(per: policy only).",
+        "per": "policy (default): one pool for the whole fleet; job: one pool per job, the target's job "
+               "label or the one job the selector names.",
+    }),
     "rollout": Section({
         "stages": "How many nodes may enforce the policy, stage by stage: a count (1), a share of the live "
                   "nodes ('10%', rounded up) or 'all' (last). Default [all]: the breaker alone.",
@@ -404,6 +414,12 @@ def build_schema() -> dict:
                              "default": "90%"},
             "window": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 10},
         }, SECTIONS["policy"].keys["rollout"]),
+        "budget": _closed("budget", {
+            "max_nodes": {"type": "integer", "minimum": 1},
+            "max_percent": {"anyOf": [{"type": "string", "pattern": PERCENT_PATTERN},
+                                      {"type": "number", "exclusiveMinimum": 0, "maximum": 100}]},
+            "per": {"enum": list(PER), "default": "policy"},
+        }, SECTIONS["policy"].keys["budget"]),
     }, "One policy.")
     selector = _closed("selector", {
         "match": _matchers(all_labels),

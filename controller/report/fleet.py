@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reflexarc.core.input_files import check_regular
+from reflexarc.core.outcomes import Outcome
 
 from .audit import Audit, load_audit
 from .fmt import Clock, duration, plural
@@ -170,7 +171,7 @@ class FleetFold:
                                             "detail": rec.get("detail")})
         for (_, policy, _rule, _target), track in audit.tracks.items():
             for action in track.actions:
-                if action.get("outcome") != "refused":
+                if action.get("outcome") != Outcome.REFUSED:
                     continue
                 reason = refusal_reason(action.get("error"))
                 node.refused[reason] += 1
@@ -254,7 +255,7 @@ def fleet_view(fold: FleetFold) -> dict:
                  for e in opened]
     nodes = [{"node": n.node, "link": n.link, "audit": n.audit, "runs": n.runs,
               "span": f"{clock.at(n.first)} – {clock.at(n.last)}", "chips": chips(n.statuses),
-              "refused": _refused_text(n.refused), "complete": n.complete}
+              "refusals": _refused_text(n.refused), "complete": n.complete}
              for n in sorted(fold.nodes, key=lambda n: n.node)]
     jobs = sorted(fold.jobs.values(), key=lambda j: (j.job == NO_JOB, -sum(j.statuses.values()), j.job))
     job_rows = [{"job": j.job, "nodes": f"{len(j.nodes)}: {_names(j.nodes)}", "chips": chips(j.statuses),
@@ -277,7 +278,7 @@ def fleet_json(fold: FleetFold) -> dict:
     """``report.json`` of the fleet: every node, job, rollout event and refusal group."""
     return {"nodes": [{"node": n.node, "audit": n.audit, "report": n.link, "runs": n.runs, "first_ts": n.first,
                        "last_ts": n.last, "complete": n.complete, "malformed": n.malformed,
-                       "incidents": dict(n.statuses), "refused": dict(n.refused)} for n in fold.nodes],
+                       "incidents": dict(n.statuses), "refused_by_reason": dict(n.refused)} for n in fold.nodes],
             "jobs": [{"job": j.job, "nodes": sorted(j.nodes), "incidents": dict(j.statuses),
                       "rules": sorted(j.rules), "first_ts": j.first, "last_ts": j.last}
                      for j in sorted(fold.jobs.values(), key=lambda j: j.job)],
