@@ -60,6 +60,7 @@ policies:
 """
 BRIEF = "{on: [ttl, shutdown], ttl: 2s}"         # each node acts for ~2 s, then gives its slot back
 HOLD = "{on: [shutdown]}"                        # the change stays until the controller stops
+ADOPT = "{on: [clear], on_restart: adopt}"       # the steps stay slow: it stays, and a restart adopts it
 LIMIT = ("--fleet-max-nodes", str(SLOTS))
 
 
@@ -219,6 +220,44 @@ def test_the_store_out_of_reach_refuses_audits_counts_and_applies_nothing(tmp_pa
         assert node.stop() == 0, node.stderr()
     assert node.knob.read_text().strip() == "1", "reverted at the stop"
     assert slots(EtcdStore(etcd.endpoints), prefix) == []
+
+
+@pytest.mark.slow
+def test_a_change_adopted_at_a_restart_takes_a_slot_again(tmp_path, etcd):
+    """A controller SIGKILLed with its change applied: its slot frees with its
+    lease and another node takes the pool's only slot. Restarted, it adopts
+    its change, finds the pool full, says so once (log, audit) and takes the
+    slot, past the queue, as soon as it is free: what is applied is counted."""
+    prefix = _prefix()
+    observer = EtcdStore(etcd.endpoints)
+    one = ("--fleet-max-nodes", "1")
+    adopter = Node(tmp_path, "adopter", etcd.endpoints, prefix, _policy(ADOPT), one)
+    other = None
+    try:
+        wait_until("the change applied", lambda: adopter.applied() or not adopter.alive(), timeout=60)
+        adopter.proc.send_signal(signal.SIGKILL)
+        adopter.proc.wait()
+        wait_until("its slot freed with its lease", lambda: slots(observer, prefix) == [], timeout=TTL + 10)
+        other = Node(tmp_path, "other", etcd.endpoints, prefix, _policy(HOLD), one)
+        wait_until("the other node holding the slot", lambda: other.applied() or not other.alive(), timeout=60)
+        adopter.start()
+        unslotted = wait_until("the adopted change audited without a slot", lambda: [
+            r for r in adopter.audit() if r.get("kind") == "limit" and "adopted without a slot" in r.get("note", "")]
+            or not adopter.alive(), timeout=60)
+        assert adopter.alive(), adopter.stderr()
+        assert len(unslotted) == 1 and "budget-full" in unslotted[0]["note"], unslotted
+        assert "adopted at the start, has no slot" in adopter.stderr()
+        assert adopter.knob.read_text().strip() == "0", "adopted: still applied"
+        assert other.stop() == 0, other.stderr()                    # reverted, its slot given back
+        wait_until("the adopter holding the slot", lambda: [json.loads(e.value)["node"]
+                                                           for e in slots(observer, prefix)] == ["adopter"],
+                   timeout=30)
+        time.sleep(6)                                               # passes of its housekeeping: said once
+        assert len([r for r in adopter.audit() if "adopted without a slot" in r.get("note", "")]) == 1
+    finally:
+        codes = [adopter.stop()] + ([other.stop()] if other is not None else [])
+    assert codes[0] == 0, adopter.stderr()
+    assert slots(observer, prefix) == [], "the lease revoked at the stop"
 
 
 # --- the budget itself, in this process --------------------------------------------------------------

@@ -192,6 +192,7 @@ class Controller:
         self._housekept = -math.inf
         self._drift_checked = -math.inf
         self.drifted: dict[str, str] = {}   # journal id -> what differs, as last read back
+        self.unslotted: set[str] = set()    # adopted changes the fleet budget has no slot for yet (said once)
         self._switch = False         # the kill switch as last seen
         self.hold: str | None = None  # why enforcement is held ("kill_switch", "paused"), as of this tick
         self._room = Room()          # what the node leaves to a new change: the hold and the caps, this tick
@@ -247,6 +248,8 @@ class Controller:
             self._housekept = now
             if self.rollout is not None and self.rollout.pending:     # outcomes the store did not take yet
                 self._rollout_events(self.rollout.flush())
+            if self.budget is not None:
+                self._hold_adopted()
             self.bus.expire(now)
             self.metrics.bus_series.set(self.bus.series_count())
         if self.journal is not None and now - self._drift_checked >= DRIFT_EVERY:
@@ -440,6 +443,22 @@ class Controller:
         if self.audit.eval_due(run.scope_key, state, result, now):
             self.audit.write("eval", state=state, result=result, policy=run.policy.name, rule=run.rule.name,
                              target=run.target_key, target_labels=run.labels, values=evaluated.evidence())
+
+    def _hold_adopted(self) -> None:
+        """Slots for the changes a restart adopted; one it cannot get yet is
+        logged and audited once (a ``limit`` record) and asked again each pass."""
+        budgets = {p.name: (p.budget, p.selector.one_job()) for p in self.policies}
+        missed = self.executor.hold_adopted(budgets)
+        for entry, why in missed:
+            if entry.id in self.unslotted:
+                continue
+            self.unslotted.add(entry.id)
+            log.error("fleet budget: change %s (%s/%s), adopted at the start, has no slot: %s; it stays applied "
+                      "and asks again every %g s", entry.id, entry.policy, entry.rule, why, HOUSEKEEPING_EVERY)
+            self.audit.write("limit", policy=entry.policy, rule=entry.rule,
+                             target=Change.from_dict(entry.change).target.key(), reason="fleet_budget",
+                             journal_id=entry.id, note=f"adopted without a slot: {why}")
+        self.unslotted &= {entry.id for entry, _ in missed}
 
     def _limited(self, run: RuleRun, reason: str) -> None:
         self.metrics.limited.labels(run.policy.name, run.rule.name, reason).inc()

@@ -21,7 +21,9 @@ answering an error) is ``REFUSED`` with the reason in ``refused``: nothing is
 journaled or applied. The slot is given back once the change is closed:
 reverted, closed without a revert (kept, forgotten, its target gone), or
 failed and undone. A change whose undo failed keeps its slot (it may still be
-on the system). Dry-run, alert-only and notifications never touch the budget.
+on the system). A change a restart adopted takes its slot again, past the
+queue (``hold_adopted``, asked at each of the engine's housekeeping passes
+until it has one). Dry-run, alert-only and notifications never touch the budget.
 A budget without a limit takes no slot: it only holds the node's lease.
 
 A policy with a rollout (``rollout=`` of ``act``) is first admitted by the
@@ -392,6 +394,34 @@ class Executor:
     def release(self, journal_id: str | None, state: str) -> None:
         """Close a journal entry without reverting (``kept`` for rollback: never)."""
         self._record(journal_id, state)
+
+    def hold_adopted(self, budgets: dict[str, tuple[BudgetSpec | None, str | None]]) -> list[tuple[Entry, str]]:
+        """A fleet slot, past the queue, for each change a restart adopted
+        (open in the journal, applied, ``on_restart: adopt``) that holds none:
+        the bound counts what is applied, whoever applied it. ``budgets``:
+        policy name -> (its own budget, the one job its selector names).
+        Returns the entries left without one and why (the pool full, the store
+        away); the next call asks again. Closing the entry gives the slot back."""
+        if self.budget is None or self.journal is None:
+            return []
+        missed = []
+        for entry in self.journal.open_entries():
+            if entry.id in self._slots or entry.on_restart != "adopt" or entry.state != Outcome.APPLIED:
+                continue
+            spec, job = budgets.get(entry.policy, (None, None))
+            if spec is None and not self.budget.limited:
+                continue
+            target = Change.from_dict(entry.change).target
+            pool = spec.pool(entry.policy, target.labels, job) if spec is not None else f"policy:{entry.policy}"
+            self._holders += 1
+            holder = f"{entry.policy}/{entry.rule}/{target.key()}#{self._holders}"
+            try:
+                self.budget.take(pool, holder, spec, ahead=True)
+            except Refused as exc:
+                missed.append((entry, str(exc)))
+                continue
+            self._slots[entry.id] = holder
+        return missed
 
     def reconcile(self) -> list[tuple[str, StepResult]]:
         """Revert (or adopt) what a previous process left applied. Returns per entry."""

@@ -242,10 +242,11 @@ class FleetBudget:
             self._unreleased.pop(0)
 
     # --- slots --------------------------------------------------------------------------------
-    def take(self, pool: str, holder: str, spec: BudgetSpec | None = None) -> str:
+    def take(self, pool: str, holder: str, spec: BudgetSpec | None = None, ahead: bool = False) -> str:
         """A slot of ``pool`` for ``holder``: its key (the slot this node
         already holds in the pool, shared), or ``Refused``. ``spec``: the
-        policy's own limit (``core/budget.py``); None, the node's."""
+        policy's own limit (``core/budget.py``); None, the node's. ``ahead``:
+        past the queue, for a change already applied (adopted at a restart)."""
         with self._lock:
             slot = self._slots.get(pool)
             if slot is not None and slot.key is not None:
@@ -256,12 +257,12 @@ class FleetBudget:
                 if self.lease is None:
                     self._register()
                 try:
-                    key = self._claim(pool, holder, queue=slot is None, spec=spec)
+                    key = self._claim(pool, holder, queue=slot is None and not ahead, spec=spec)
                 except StoreError as exc:
                     if LEASE_GONE not in str(exc):
                         raise
                     self._lease_lost()             # ran out since the last renewal: register and ask again
-                    key = self._claim(pool, holder, queue=slot is None, spec=spec)
+                    key = self._claim(pool, holder, queue=slot is None and not ahead, spec=spec)
             except StoreUnavailable as exc:
                 raise Refused("store-unreachable", str(exc)) from None
             except StoreError as exc:
