@@ -8,6 +8,9 @@ Measured, each with the budget's real client (``controller/fleet/``):
    nodes registered, the pool free. Two limits: ``--fleet-max-nodes`` alone
    (take: a read and a transaction) and with ``--fleet-max-percent`` too (one
    more read, the fleet's size). Median and p99; the target is p99 <= 50 ms.
+   The same for a policy with a rollout (``rollout_admit_and_report``): its
+   admission before the change (the rollout's state read, the node's seat
+   written once) and its verify outcome reported after (one compare-and-swap).
 2. **etcd requests per node per minute**, idle (only the lease renewals) and
    acting: six nodes, a 2-slot pool, each node acting as a controller does
    (takes a slot, holds it ``--hold`` s, gives it back, asks again after 1 s;
@@ -51,6 +54,8 @@ from provenance import code_version, interrupted
 from reflexarc.controller.engine.lifecycle import BUDGET_RETRY_S
 from reflexarc.core.outcomes import Outcome
 from reflexarc.controller.fleet.budget import FleetBudget, Refused
+from reflexarc.controller.fleet.rollout import FleetRollout
+from reflexarc.core.rollout import RolloutSpec, Stage
 from reflexarc.controller.fleet.store import EtcdStore
 from reflexarc.simulations.testbed.etcd import EtcdCluster
 
@@ -124,6 +129,26 @@ def added_latency(etcd: EtcdCluster, steps: int) -> dict:
         say(f"added latency ({name}): take+give_back median {out[name]['step_ms']['median']} ms, "
             f"p99 {out[name]['step_ms']['p99']} ms, {out[name]['requests_per_step']} requests")
         stop_all(nodes)
+    nodes = fleet(etcd, "/bench-latency-rollout")          # no limit: the lease a rollout's seats hold
+    rollout = FleetRollout(nodes[0])
+    spec = RolloutSpec(stages=(Stage(nodes=NODES),), promote_after=10 ** 6, window=10)   # never widens
+    admit, report, both = [], [], []
+    before = nodes[0].store.requests
+    for i in range(steps):
+        t0 = time.perf_counter()
+        rollout.admit("p", spec)
+        t1 = time.perf_counter()
+        rollout.report("p", spec, True, f"rank={i}")
+        t2 = time.perf_counter()
+        admit.append(ms(t1 - t0))
+        report.append(ms(t2 - t1))
+        both.append(ms(t2 - t0))
+    out["rollout_admit_and_report"] = {"admit_ms": quantiles(admit), "report_ms": quantiles(report),
+                                       "step_ms": quantiles(both),
+                                       "requests_per_step": round((nodes[0].store.requests - before) / steps, 2)}
+    say(f"added latency (rollout): admit+report median {out['rollout_admit_and_report']['step_ms']['median']} ms, "
+        f"p99 {out['rollout_admit_and_report']['step_ms']['p99']} ms")
+    stop_all(nodes)
     return out
 
 

@@ -182,3 +182,12 @@ def repo_root() -> Path:
 def cli():
     """``cli(*args, env=None, input=None, timeout=120, check=None) -> CompletedProcess``: see ``run_cli``."""
     return run_cli
+
+
+@pytest.fixture
+def etcd():
+    """A real 3-member etcd cluster on loopback (``simulations/testbed/etcd.py``), stopped after the test."""
+    require(shutil.which("etcd") is not None, "etcd (apt:etcd-server, scripts/bootstrap)")
+    from reflexarc.simulations.testbed.etcd import EtcdCluster
+    with EtcdCluster() as cluster:
+        yield cluster

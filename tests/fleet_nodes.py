@@ -3,18 +3,38 @@ real etcd cluster: its own state directory, node name and fixture ``/proc/sys``
 tree (the ``sysctl`` actuator writes ``kernel.numa_balancing`` there, so the
 machine is left alone), replaying four minutes of slow steps (``step_time_ms``
 520 every 0.2 s, job ``j`` unless told, rank 0) so its policy wants to act at once.
-What a test checks comes from what the node wrote: its journal and audit."""
+What a test checks comes from what the node wrote: its journal and audit.
+
+Also what the fleet's tests share: ``fresh_prefix`` (keys of their own) and
+``reason_of`` (the reason a call was refused with); their ``etcd`` fixture is
+conftest's."""
 from __future__ import annotations
 
 import json
 import math
 import signal
 import subprocess
+import uuid
 from pathlib import Path
 
+import pytest
+
 from conftest import spawn_cli
+from reflexarc.controller.fleet.budget import Refused
 
 TTL = 6                   # the nodes' lease in these tests (s): renewed every 2 s
+
+
+def fresh_prefix() -> str:
+    """Keys no other test writes."""
+    return f"/rxtest-{uuid.uuid4().hex[:8]}"
+
+
+def reason_of(call) -> str:
+    """The reason ``call()`` was ``Refused`` with (it must be)."""
+    with pytest.raises(Refused) as refused:
+        call()
+    return refused.value.reason
 
 
 class Node:

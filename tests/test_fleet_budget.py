@@ -22,24 +22,21 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import signal
 import time
 import urllib.request
-import uuid
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from conftest import require, wait_until
-from fleet_nodes import TTL, Node
+from conftest import wait_until
+from fleet_nodes import TTL, Node, fresh_prefix, reason_of
 from reflexarc.controller.fleet.budget import FleetBudget, Refused
 from reflexarc.controller.fleet.store import EtcdStore, StoreUnavailable, parse_endpoint
 from reflexarc.controller.policy.loader import validate_paths
 from reflexarc.controller.runtime.exporter import FleetCollector
 from reflexarc.core.budget import BudgetSpec
 from reflexarc.core.outcomes import Outcome
-from reflexarc.simulations.testbed.etcd import EtcdCluster
 from reflexarc.simulations.testbed.local_server import free_port
 
 SLOTS = 2
@@ -68,20 +65,6 @@ def _policy(rollback: str) -> str:
     return POLICY.format(rollback=rollback)
 
 
-def _etcd() -> None:
-    require(shutil.which("etcd") is not None, "etcd (apt:etcd-server, scripts/bootstrap)")
-
-
-@pytest.fixture
-def etcd():
-    _etcd()
-    with EtcdCluster() as cluster:
-        yield cluster
-
-
-def _prefix() -> str:
-    return f"/rxtest-{uuid.uuid4().hex[:8]}"
-
 
 def most_at_once(intervals: list[tuple[float, float]]) -> int:
     """The most intervals open at one instant (one that ends as another starts: not both)."""
@@ -100,7 +83,7 @@ def slots(store: EtcdStore, prefix: str) -> list:
 # --- six controllers, two slots, the leader killed ---------------------------------------------------
 @pytest.mark.slow
 def test_six_controllers_share_two_slots_through_a_leader_kill(tmp_path, etcd):
-    prefix = _prefix()
+    prefix = fresh_prefix()
     nodes = [Node(tmp_path, f"node-{i}", etcd.endpoints, prefix, _policy(BRIEF), LIMIT) for i in range(6)]
     observer = EtcdStore(etcd.endpoints)
     try:
@@ -139,7 +122,7 @@ def test_the_overlap_count_can_fail():
 # --- a holder SIGKILLed ------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_killed_holders_slot_is_freed_within_its_ttl(tmp_path, etcd):
-    prefix = _prefix()
+    prefix = fresh_prefix()
     node = Node(tmp_path, "holder", etcd.endpoints, prefix, _policy(HOLD), LIMIT)
     observer = EtcdStore(etcd.endpoints)
     try:
@@ -187,7 +170,7 @@ def _refused_count(text: str, reason: str) -> float:
 
 @pytest.mark.slow
 def test_the_store_out_of_reach_refuses_audits_counts_and_applies_nothing(tmp_path, etcd):
-    prefix = _prefix()
+    prefix = fresh_prefix()
     etcd.stop()                                           # every member down: nothing answers
     port = free_port()
     node = Node(tmp_path, "cut-off", etcd.endpoints, prefix, _policy(HOLD),
@@ -228,7 +211,7 @@ def test_a_change_adopted_at_a_restart_takes_a_slot_again(tmp_path, etcd):
     lease and another node takes the pool's only slot. Restarted, it adopts
     its change, finds the pool full, says so once (log, audit) and takes the
     slot, past the queue, as soon as it is free: what is applied is counted."""
-    prefix = _prefix()
+    prefix = fresh_prefix()
     observer = EtcdStore(etcd.endpoints)
     one = ("--fleet-max-nodes", "1")
     adopter = Node(tmp_path, "adopter", etcd.endpoints, prefix, _policy(ADOPT), one)
@@ -264,7 +247,7 @@ def test_a_change_adopted_at_a_restart_takes_a_slot_again(tmp_path, etcd):
 @pytest.fixture
 def budgets(etcd):
     """``make(node, **limits)``: started budgets on one prefix, stopped at the end."""
-    prefix, made = _prefix(), []
+    prefix, made = fresh_prefix(), []
 
     def make(node: str, **limits) -> FleetBudget:
         b = FleetBudget(EtcdStore(etcd.endpoints), node, ttl=TTL, prefix=prefix, **limits)
@@ -277,11 +260,6 @@ def budgets(etcd):
         b.stop()
 
 
-def _reason(fn) -> str:
-    with pytest.raises(Refused) as refused:
-        fn()
-    return refused.value.reason
-
 
 @pytest.mark.slow
 def test_one_slot_per_node_in_a_pool(etcd, budgets):
@@ -292,11 +270,11 @@ def test_one_slot_per_node_in_a_pool(etcd, budgets):
     assert a.take("p", "rule-2/pid=2") == first, "a second holder on the node shares its slot"
     assert observer.count(pool_slots) == 1
     b.take("p", "rule-1/pid=9")
-    assert _reason(lambda: c.take("p", "x")) == "budget-full"
+    assert reason_of(lambda: c.take("p", "x")) == "budget-full"
     assert a.held() == {"p": ["rule-1/pid=1", "rule-2/pid=2"]}
     a.give_back("rule-1/pid=1")
     assert observer.count(pool_slots) == 2, "the node still acts through its other holder"
-    assert _reason(lambda: c.take("p", "x")) == "budget-full"
+    assert reason_of(lambda: c.take("p", "x")) == "budget-full"
     a.give_back("rule-2/pid=2")
     assert observer.count(pool_slots) == 1 and a.held() == {}
     assert c.take("p", "x") == first, "the waiting node gets the slot given back"
@@ -308,7 +286,7 @@ def test_the_queue_serves_nodes_in_the_order_they_asked(budgets):
     holder, *waiters = (budgets(f"n{i}", max_nodes=1) for i in range(4))
     holder.take("p", "h")
     for w in waiters:
-        assert _reason(lambda: w.take("p", "h")) == "budget-full"
+        assert reason_of(lambda: w.take("p", "h")) == "budget-full"
     served = []
     for _ in waiters:
         (current,) = [b for b in (holder, *waiters) if b.held()]
@@ -330,11 +308,11 @@ def test_a_percentage_of_the_live_nodes(budgets):
     nodes = [budgets(f"n{i}", max_percent=50) for i in range(5)]     # ceil(50 % x 5) = 3
     for n in nodes[:3]:
         n.take("p", "h")
-    assert _reason(lambda: nodes[3].take("p", "h")) == "budget-full"
+    assert reason_of(lambda: nodes[3].take("p", "h")) == "budget-full"
     nodes[4].stop()                                                # 4 live: ceil(2) = 2, 3 held stay held
-    assert _reason(lambda: nodes[3].take("p", "h")) == "budget-full"
+    assert reason_of(lambda: nodes[3].take("p", "h")) == "budget-full"
     nodes[0].give_back("h")
-    assert _reason(lambda: nodes[3].take("p", "h")) == "budget-full", "2 held: the limit, though slot 2 is above it"
+    assert reason_of(lambda: nodes[3].take("p", "h")) == "budget-full", "2 held: the limit, though slot 2 is above it"
     nodes[1].give_back("h")
     nodes[3].take("p", "h")
 
@@ -344,7 +322,7 @@ def test_the_store_away_refuses_and_a_slot_given_back_meanwhile_is_freed_on_its_
     a = budgets("a", max_nodes=1)
     a.take("p", "applied-before")
     etcd.stop()
-    assert _reason(lambda: a.take("other", "new")) == "store-unreachable", "fail closed"
+    assert reason_of(lambda: a.take("other", "new")) == "store-unreachable", "fail closed"
     assert a.take("p", "second-holder"), "a slot the node holds is shared without asking the store"
     a.give_back("applied-before")
     a.give_back("second-holder")                 # the store is away: freed later
@@ -445,7 +423,7 @@ def test_a_per_job_budget_gives_each_job_its_own_slots(tmp_path, etcd):
     """Three controllers, a policy of one node at a time per job and no limit
     on the command line: of the two nodes of job x one acts and the other is
     refused; the node of job y acts beside it."""
-    prefix = _prefix()
+    prefix = fresh_prefix()
     x1, x2 = (Node(tmp_path, f"x-{i}", etcd.endpoints, prefix, PER_JOB, job="x") for i in (1, 2))
     y1 = Node(tmp_path, "y-1", etcd.endpoints, prefix, PER_JOB, job="y")
     nodes = (x1, x2, y1)
@@ -474,13 +452,13 @@ def test_a_policys_budget_replaces_the_nodes_limit(budgets):
     one = BudgetSpec(max_nodes=1)
     pool = one.pool("strict", {})
     wide[0].take(pool, "h", one)
-    assert _reason(lambda: wide[1].take(pool, "h", one)) == "budget-full", "the policy's 1, not the node's 5"
+    assert reason_of(lambda: wide[1].take(pool, "h", one)) == "budget-full", "the policy's 1, not the node's 5"
     wide[1].take("policy:loose", "h")                             # another policy: the node's limit
     wide[2].take("policy:loose", "h")
     share = BudgetSpec(max_percent=50)                            # ceil(50 % of 3 live nodes) = 2
     for b in wide[:2]:
         b.take("policy:half", "h", share)
-    assert _reason(lambda: wide[2].take("policy:half", "h", share)) == "budget-full"
+    assert reason_of(lambda: wide[2].take("policy:half", "h", share)) == "budget-full"
 
 
 def test_the_pool_of_a_change():

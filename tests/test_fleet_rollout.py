@@ -17,22 +17,19 @@ from __future__ import annotations
 
 import http.server
 import json
-import shutil
 import threading
 import time
-import uuid
 
 import pytest
 
-from conftest import require, run_cli, wait_until
-from fleet_nodes import TTL, Node
+from conftest import run_cli, wait_until
+from fleet_nodes import TTL, Node, fresh_prefix, reason_of
 from reflexarc.controller.fleet.budget import FleetBudget, Refused
 from reflexarc.controller.fleet.rollout import FleetRollout, read, reset
 from reflexarc.controller.fleet.store import EtcdStore
 from reflexarc.controller.policy.loader import validate_paths
 from reflexarc.core.outcomes import Outcome
 from reflexarc.core.rollout import RolloutSpec, Stage, parse_stage, parse_success_rate
-from reflexarc.simulations.testbed.etcd import EtcdCluster
 
 POLICY = """\
 policies:
@@ -55,20 +52,6 @@ policies:
 WORKS = ">"          # the verify condition holds: every remediation verified
 NEVER = "<"          # it never holds (the steps stay slow): every remediation fails its verify
 
-
-def _etcd() -> None:
-    require(shutil.which("etcd") is not None, "etcd (apt:etcd-server, scripts/bootstrap)")
-
-
-@pytest.fixture
-def etcd():
-    _etcd()
-    with EtcdCluster() as cluster:
-        yield cluster
-
-
-def _prefix() -> str:
-    return f"/rxroll-{uuid.uuid4().hex[:8]}"
 
 
 def _audits(node: Node, kind: str) -> list[dict]:
@@ -107,7 +90,7 @@ class Webhook:
 # --- real controllers ------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_the_second_node_enforces_only_after_the_first_ones_verified_remediations(tmp_path, etcd):
-    prefix = _prefix()
+    prefix = fresh_prefix()
     policy = POLICY.format(rollout="{stages: [1, all], promote_after: 4, success_rate: '50%', window: 4}",
                            verify_op=WORKS)
     first = Node(tmp_path, "node-a", etcd.endpoints, prefix, policy)
@@ -134,7 +117,7 @@ def test_the_second_node_enforces_only_after_the_first_ones_verified_remediation
 
 @pytest.mark.slow
 def test_failed_verifications_open_the_breaker_for_every_node_across_restarts_until_reset(tmp_path, etcd):
-    prefix = _prefix()
+    prefix = fresh_prefix()
     policy = POLICY.format(rollout="{stages: [1, all], promote_after: 1, success_rate: '50%', window: 4}",
                            verify_op=NEVER)
     hook = Webhook()
@@ -205,7 +188,7 @@ def test_failed_verifications_open_the_breaker_for_every_node_across_restarts_un
 @pytest.fixture
 def nodes(etcd):
     """``make(name)``: a started budget without a limit (the node's lease) and its rollout."""
-    prefix, made = _prefix(), []
+    prefix, made = fresh_prefix(), []
 
     def make(name: str) -> FleetRollout:
         budget = FleetBudget(EtcdStore(etcd.endpoints), name, ttl=TTL, prefix=prefix)
@@ -218,11 +201,6 @@ def nodes(etcd):
         b.stop()
 
 
-def _reason(fn) -> str:
-    with pytest.raises(Refused) as refused:
-        fn()
-    return refused.value.reason
-
 
 @pytest.mark.slow
 def test_stages_admit_their_counts_and_widen_on_verified_outcomes(nodes):
@@ -231,13 +209,13 @@ def test_stages_admit_their_counts_and_widen_on_verified_outcomes(nodes):
     a, b, c, d = (nodes(n) for n in "abcd")
     a.admit("p", spec)
     a.admit("p", spec)                                  # its seat: admitted again
-    assert _reason(lambda: b.admit("p", spec)) == "rollout-stage"
+    assert reason_of(lambda: b.admit("p", spec)) == "rollout-stage"
     assert a.report("p", spec, ok=True, target="t") == []
-    assert _reason(lambda: b.admit("p", spec)) == "rollout-stage", "one verified of the two it needs"
+    assert reason_of(lambda: b.admit("p", spec)) == "rollout-stage", "one verified of the two it needs"
     (event,) = a.report("p", spec, ok=True, target="t")
     assert (event.kind, event.stage) == ("widened", 1)
     b.admit("p", spec)                                  # 50 % of 4 live nodes: 2 seats
-    assert _reason(lambda: c.admit("p", spec)) == "rollout-stage"
+    assert reason_of(lambda: c.admit("p", spec)) == "rollout-stage"
     assert b.report("p", spec, ok=False, target="t") == []
     assert b.report("p", spec, ok=True, target="t") == [], "one verified in stage 2 of the two it needs"
     (event,) = b.report("p", spec, ok=True, target="t")
@@ -277,12 +255,12 @@ def test_an_outcome_the_store_missed_is_counted_before_the_next_change(etcd, nod
     a.admit("p", spec)
     etcd.stop()
     assert a.report("p", spec, ok=False, target="t") == [] and a.pending == 1
-    assert _reason(lambda: a.admit("p", spec)) == "store-unreachable"
+    assert reason_of(lambda: a.admit("p", spec)) == "store-unreachable"
     etcd.start()
-    assert _reason(lambda: a.admit("p", spec)) == "breaker-open", "the missed failure opened it first"
+    assert reason_of(lambda: a.admit("p", spec)) == "breaker-open", "the missed failure opened it first"
     assert a.pending == 0
     restarted = nodes("a2")                              # another process: the breaker is in etcd
-    assert _reason(lambda: restarted.admit("p", spec)) == "breaker-open"
+    assert reason_of(lambda: restarted.admit("p", spec)) == "breaker-open"
     state = reset(a.store, nodes.prefix, "p", reason="fixed", by="test")
     assert not state.open and state.recent == []
     restarted.admit("p", spec)
