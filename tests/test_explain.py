@@ -394,3 +394,24 @@ def test_cli_bad_promql_config_is_a_located_error(repo_root, tmp_path, cli):
     lines = r.stderr.splitlines()
     assert lines[0].startswith(f"{config}:3:") and ": error: unknown signal 'step_time_mss'" in lines[0], r.stderr
     assert lines[-1] == f"error: 1 error(s) in {config}"
+
+
+def test_a_fleet_rollout_and_budget_are_said_with_what_they_need(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "policies:\n  - name: canary\n    mode: enforce\n"
+        "    rollout: {stages: [1, '25%', all], promote_after: 3, success_rate: '80%', window: 5}\n"
+        "    budget: {max_nodes: 2, per: job}\n    rules:\n      - name: r\n        by: [job]\n"
+        "        when: {signal: step_time_ms, agg: max, window: 2s, op: '>', threshold: 300}\n"
+        "        actions: [{actuator: sysctl, params: {key: kernel.numa_balancing, value: '0'}}]\n"
+        "        verify: {when: {signal: step_time_ms, agg: max, window: 10s, op: '<', threshold: 300}, "
+        "timeout: 30s}\n        rollback: {on: [verify-failed, shutdown]}\n")
+    text = " ".join(explain(load_policies([str(path)]), node(tmp_path), False).split())
+    assert_says(text, "Across the fleet it is enforced stage by stage: 1 node, then 25 %, then all; a stage "
+                      "widens after 3 verified remediation(s) with at least 80 % of the fleet's last 5 verified",
+                "until an operator runs reflexarc fleet reset canary --reason TEXT",
+                "Its fleet budget: at most 2 nodes at once per job make its changes", "needs run --fleet-etcd")
+    plain = [p for p in load_policies([str(path)]) if p.name == "canary"][0]
+    plain.rollout = plain.budget = None
+    assert "Across the fleet" not in explain([plain], node(tmp_path), False) and "budget" not in \
+        explain([plain], node(tmp_path), False), "a policy of one node says nothing of a fleet"

@@ -290,11 +290,26 @@ def node_lines(policy: Policy, facts: NodeFacts, receiver: bool) -> list[str]:
     return out
 
 
+def fleet_texts(policy: Policy) -> list[str]:
+    """What the fleet holds of a policy's enforcement: its rollout and its budget."""
+    out = []
+    if policy.rollout is not None:
+        out.append(f"Across the fleet it is enforced stage by stage: {policy.rollout.describe()}. Open, the breaker "
+                   f"stops it on every node until an operator runs reflexarc fleet reset {policy.name} --reason "
+                   f"TEXT. Enforcing it needs run --fleet-etcd.")
+    if policy.budget is not None:
+        out.append(f"Its fleet budget: {policy.budget.describe()} make its changes (instead of run's "
+                   f"--fleet-max-nodes/--fleet-max-percent). Enforcing it needs run --fleet-etcd.")
+    return out
+
+
 def explain_policy(policy: Policy, facts: NodeFacts, receiver: bool) -> str:
     lines = [f"{policy.name} ({policy.loc})"]
     if policy.description:
         lines += _wrap(" ".join(policy.description.split()), 2, 2)
     lines += _wrap(mode_text(policy), 2, 2) + _scope(policy)
+    for text in fleet_texts(policy):
+        lines += _wrap(text, 2, 2)
     for rule in policy.rules:
         lines += [""] + rule_lines(rule, policy.selector)
     lines += [""] + node_lines(policy, facts, receiver)
