@@ -29,7 +29,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from conftest import wait_until
+from conftest import run_cli, wait_until
 from fleet_nodes import TTL, Node, fresh_prefix, reason_of
 from reflexarc.controller.fleet.budget import FleetBudget, Refused
 from reflexarc.controller.fleet.store import EtcdStore, StoreUnavailable, parse_endpoint
@@ -440,6 +440,9 @@ def test_a_per_job_budget_gives_each_job_its_own_slots(tmp_path, etcd):
         observer = EtcdStore(etcd.endpoints)
         for job in ("x", "y"):
             assert len(observer.prefix(f"{prefix}/pools/policy:per-job:job:{job}/slots/")) == 1
+        status = run_cli("--state-dir", str(y1.dir / "state"), "status", check=0).stdout
+        assert "fleet: node y-1 registered at http://127.0.0.1:" in status, status
+        assert "slots held: policy:per-job:job:y (1 change(s))" in status, status
     finally:
         codes = [n.stop() for n in nodes]
     assert codes == [0, 0, 0], [n.stderr() for n in nodes]

@@ -145,6 +145,9 @@ def test_failed_verifications_open_the_breaker_for_every_node_across_restarts_un
         wait_until("the restarted node refused", lambda: [r for r in _refusals(b, "breaker-open")
                                                           if r["ts"] > restarted], timeout=30)
         applied = sum(n.applied() for n in nodes)
+        node_status = run_cli("--state-dir", str(b.dir / "state"), "status", check=0).stdout
+        assert "rollout canary: stage 1, breaker OPEN (reflexarc fleet reset canary --reason TEXT)" in node_status, \
+            node_status
         status = run_cli("fleet", "status", "--fleet-etcd", ",".join(etcd.endpoints), "--fleet-prefix", prefix)
         assert status.returncode == 0, status.stderr
         assert "BREAKER OPEN" in status.stdout and "3 failed" in status.stdout, status.stdout

@@ -1,6 +1,6 @@
 """``reflexarc status``, ``reflexarc pause``, ``reflexarc resume``: what the
 running controller is doing (mode, rules that are not ok and their evidence,
-changes held, limits used, enforcement, probes), asked over its control
+changes held, limits used, enforcement, its fleet slots and rollouts, probes), asked over its control
 socket, or the journal's open changes when none runs; and holding or
 resuming its enforcement, audited with who asked.
 
@@ -50,6 +50,15 @@ def _status_text(st: dict) -> str:
         lines.append("enforcement: on")
     lines.append(f"limits: {lim['active']} of {lim['max_active']} active changes; {lim['actions_last_hour']} of "
                  f"{lim['actions_per_hour']} actions in the last hour")
+    fleet = st.get("fleet")
+    if fleet is not None:
+        state = "registered" if fleet["registered"] else "NOT registered (the store is out of reach: enforce " \
+                                                           "changes are refused)"
+        held = "; ".join(f"{pool} ({len(holders)} change(s))" for pool, holders in sorted(fleet["held"].items()))
+        lines.append(f"fleet: node {fleet['node']} {state} at {fleet['store']}; slots held: {held or 'none'}")
+        for policy, r in fleet["rollouts"].items():
+            lines.append(f"  rollout {policy}: stage {r['stage']}, breaker {'OPEN' if r['open'] else 'closed'}"
+                         + (f" (reflexarc fleet reset {policy} --reason TEXT)" if r["open"] else ""))
     lines += changes_and_rules(st)
     if st["probes"]:
         lines.append("probes: " + ", ".join(f"{name} {state}" for name, state in sorted(st["probes"].items())))

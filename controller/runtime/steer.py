@@ -95,7 +95,19 @@ class Steering:
                                     "reason": pause.reason, "by": pause.by,
                                     "since": ctl.clock.to_wall(pause.since),
                                     "until": None if pause.until is None else ctl.clock.to_wall(pause.until)}},
-                "probes": self.probes()}
+                "probes": self.probes(), "fleet": self.fleet()}
+
+    def fleet(self) -> dict | None:
+        """The node's side of the fleet: its name and lease, the slots it holds,
+        each rollout as it last read it; None without a fleet store."""
+        budget, rollout = self.ctl.budget, self.ctl.rollout
+        if budget is None:
+            return None
+        seen = rollout.seen if rollout is not None else {}
+        return {"node": budget.node, "store": budget.store.endpoint, "registered": budget.renewing,
+                "held": budget.held(), "limit": {"max_nodes": budget.max_nodes, "max_percent": budget.max_percent},
+                "rollouts": {policy: {"stage": state.stage + 1, "open": state.open}
+                             for policy, state in sorted(seen.items())}}
 
     def top(self, request: dict, peer: Peer) -> dict:
         ctl, now = self.ctl, self.ctl.clock.now()
