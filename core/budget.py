@@ -2,8 +2,8 @@
 or ``max_percent`` % of the live ones, making the policy's enforce changes at
 once, for the whole fleet (``per: policy``) or for each job apart (``per:
 job``: a job on 64 nodes has its two slots, another job its own two). A
-per-job budget is a count: a share would be of the job's nodes, which the
-fleet store does not hold.
+share is of the fleet's live nodes, in each pool alike: per job too, not of
+the job's own nodes (the fleet store does not hold which nodes run a job).
 
 The node's command line (``run --fleet-max-nodes/--fleet-max-percent``) gives
 the limit of every policy that declares none; a policy's own budget replaces

@@ -487,7 +487,6 @@ def _budget_policy(budget: str, by: str = "[job, rank]", selector: str = "") -> 
     ("{max_nodes: 0}", "[job]", 25, "'max_nodes' must be >= 1"),
     ("{max_percent: '150%'}", "[job]", 27, "'max_percent' of 150 % is not > 0 % and <= 100 %"),
     ("{max_nodes: 2, per: jobs}", "[job]", 33, "'per' 'jobs' is not valid"),
-    ("{max_percent: 10, per: job}", "[job]", 27, "a per-job budget is a count (max_nodes)"),
     ("{max_nodes: 1, per: job}", "[rank]", 33, "a per-job budget needs each change's job, and rule(s) r make "
                                                "targets without one"),
 ])
@@ -509,6 +508,9 @@ def test_a_good_budget_loads_and_a_per_job_one_may_take_the_selectors_job(tmp_pa
     path.write_text(_budget_policy("{max_percent: '10%'}"))
     (policy,), _ = validate_paths([str(path)])
     assert policy.budget == BudgetSpec(max_percent=10.0)
+    path.write_text(_budget_policy("{max_percent: 5, per: job}"))        # of the fleet, in each job's pool
+    (policy,), diagnostics = validate_paths([str(path)])
+    assert not [d for d in diagnostics if d.is_error] and policy.budget == BudgetSpec(max_percent=5.0, per="job")
 
 
 def test_an_enforcing_budget_without_a_fleet_store_does_not_start(cli, tmp_path):

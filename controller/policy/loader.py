@@ -346,10 +346,6 @@ class _FileReader(YamlReader):
         if not {"max_nodes", "max_percent"} & set(fields):
             self.error(node, "a budget needs max_nodes, max_percent or both, e.g. budget: {max_nodes: 2}")
             return None
-        if values.get("per") == "job" and "max_percent" in fields:
-            self.error(fields["max_percent"][1], "a per-job budget is a count (max_nodes): a share would be of "
-                                                 "the job's nodes, which the fleet store does not hold")
-            return None
         if values.get("per") == "job":
             jobless = [r.name for r in policy.rules if "job" not in r.by and any(
                 a.actuator in SPECS and SPECS[a.actuator].changes_system for a in r.actions)]

@@ -85,8 +85,8 @@ SECTIONS: dict[str, Section] = {
     }, required=("name", "rules")),
     "budget": Section({
         "max_nodes": "At most this many nodes at once (>= 1).",
-        "max_percent": "At most this share of the live nodes at once, rounded up, at least 1, e.g. '10%' "
-                       "(per: policy only).",
+        "max_percent": "At most this share of the fleet's live nodes at once, rounded up, at least 1, e.g. "
+                       "'10%' (per job too: of the fleet, not of the job's nodes).",
         "per": "policy (default): one pool for the whole fleet; job: one pool per job, the target's job "
                "label or the one job the selector names.",
     }),
