@@ -70,6 +70,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     _p("umount", "apt:mount", "taking that tmpfs away again"),
     _p("faketime", "apt:faketime", "a wall clock stepped forwards and backwards under a controller and a job"),
     _p("etcd", "apt:etcd-server", "a real 3-member etcd cluster holding the fleet budget (tests and bench)"),
+    _p("openssl", "apt:openssl", "a private CA and certificates for an etcd that asks for client certificates"),
     Capability("bcc", "module", "apt:python3-bpfcc", "compiling and loading the BPF programs"),
     Capability(f"/lib/modules/{os.uname().release}/build/include", "file", "apt:linux-headers-amd64",
                "kernel headers bcc compiles against (linked by the bootstrap)"),

@@ -342,6 +342,8 @@ ETCD_MEMBERS = [f"http://10.0.0.{i}:2379" for i in (11, 12, 13)]
 # the fleet budget with the chart's own etcd; with an existing one; the chart's on emptyDirs, five members
 FLEET_ETCD = {"fleet": {"etcd": {"deploy": True}, "maxNodes": 5, "maxPercent": 12.5, "ttl": 30, "prefix": "/a100"}}
 FLEET_ENDPOINTS = {"fleet": {"endpoints": ETCD_MEMBERS, "maxPercent": 10}}
+TLS_MEMBERS = [u.replace("http://", "https://") for u in ETCD_MEMBERS]
+FLEET_TLS = {"fleet": {"endpoints": TLS_MEMBERS, "maxNodes": 3, "tls": {"secretName": "fleet-etcd-client"}}}
 FLEET_ETCD_EMPTYDIR = {"fleet": {"maxNodes": 2, "etcd": {
     "deploy": True, "replicas": 5, "storage": {"emptyDir": True}, "priorityClassName": "system-cluster-critical",
     "image": {"digest": "sha256:" + "cd" * 32}, "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
@@ -367,8 +369,9 @@ def test_chart_lints_clean(tmp_path):
     assert report["errors"] or [m for m in report["messages"] if m["severity"] >= 2], report
 
 
-@pytest.mark.parametrize("values", [None, FULL, FLEET_ETCD, FLEET_ENDPOINTS, FLEET_ETCD_EMPTYDIR],
-                         ids=["defaults", "every-option", "fleet-etcd", "fleet-endpoints", "fleet-etcd-emptydir"])
+@pytest.mark.parametrize("values", [None, FULL, FLEET_ETCD, FLEET_ENDPOINTS, FLEET_ETCD_EMPTYDIR, FLEET_TLS],
+                         ids=["defaults", "every-option", "fleet-etcd", "fleet-endpoints", "fleet-etcd-emptydir",
+                              "fleet-tls"])
 def test_chart_renders_valid_kubernetes_objects(values):
     kv = _kv()
     objs = _objects(values)
@@ -667,6 +670,18 @@ def test_chart_etcd_members_name_each_other_and_the_controllers_name_them():
     args, _ = _parse_container_command(_container(objs))
     assert args.fleet_etcd == ETCD_MEMBERS and args.fleet_max_percent == 10 and args.fleet_max_nodes is None
     assert not {k for k in objs if k[0] in ("StatefulSet", "PodDisruptionBudget") or "etcd" in k[1]}
+    # an existing etcd that asks for client certificates: the Secret mounted read-only, the three files given
+    objs = _objects(FLEET_TLS)
+    c = _container(objs)
+    args, _ = _parse_container_command(c)
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "fleet-tls"]
+    assert mount["readOnly"] is True
+    assert (args.fleet_ca, args.fleet_cert, args.fleet_key) == tuple(
+        f"{mount['mountPath']}/{name}" for name in ("ca.crt", "tls.crt", "tls.key"))
+    assert args.fleet_etcd == TLS_MEMBERS
+    (volume,) = [v for v in objs[("DaemonSet", "reflexarc")]["spec"]["template"]["spec"]["volumes"]
+                 if v["name"] == "fleet-tls"]
+    assert volume["secret"] == {"secretName": "fleet-etcd-client", "defaultMode": 0o400}
     # no etcd: no fleet option; the node still named as Kubernetes names it (its audit says so)
     plain = _container(_objects())
     args, _ = _parse_container_command(plain)
@@ -681,7 +696,12 @@ def test_chart_etcd_members_name_each_other_and_the_controllers_name_them():
     ({"fleet": {"maxPercent": 10}}, "fleet.maxPercent needs an etcd: set fleet.etcd.deploy=true"),
     ({"fleet": {"ttl": 30}}, "fleet.ttl needs an etcd"),
     ({"fleet": {"prefix": "/a100"}}, "fleet.prefix needs an etcd"),
-], ids=["both-etcds", "max-nodes-alone", "max-percent-alone", "ttl-alone", "prefix-alone"])
+    ({"fleet": {"etcd": {"deploy": True}, "tls": {"secretName": "s"}}},
+     "fleet.tls.secretName is for an existing etcd that serves https:// (fleet.endpoints)"),
+    ({"fleet": {"endpoints": ETCD_MEMBERS, "tls": {"secretName": "s"}}},
+     "fleet.tls.secretName needs every fleet.endpoints URL as https://, got http://10.0.0.11:2379"),
+], ids=["both-etcds", "max-nodes-alone", "max-percent-alone", "ttl-alone", "prefix-alone", "tls-own-etcd",
+        "tls-http"])
 def test_chart_refuses_fleet_values_that_cannot_work(values, message):
     helm = _helm()
     with pytest.raises(helm.HelmError) as refused:

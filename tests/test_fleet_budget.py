@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import signal
 import time
 import urllib.request
@@ -29,14 +30,16 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from conftest import run_cli, wait_until
+from conftest import require, run_cli, wait_until
 from fleet_nodes import TTL, Node, fresh_prefix, reason_of
 from reflexarc.controller.fleet.budget import FleetBudget, Refused
-from reflexarc.controller.fleet.store import EtcdStore, StoreUnavailable, parse_endpoint
+from reflexarc.controller.fleet.store import ClientTls, EtcdStore, StoreError, StoreUnavailable, parse_endpoint
 from reflexarc.controller.policy.loader import validate_paths
 from reflexarc.controller.runtime.exporter import FleetCollector
 from reflexarc.core.budget import BudgetSpec
 from reflexarc.core.outcomes import Outcome
+from reflexarc.simulations.testbed.etcd import EtcdCluster
+from reflexarc.simulations.testbed.tls import make_certificates
 from reflexarc.simulations.testbed.local_server import free_port
 
 SLOTS = 2
@@ -523,3 +526,63 @@ def test_an_enforcing_budget_without_a_fleet_store_does_not_start(cli, tmp_path)
         "or run it in dry-run or alert-only")
     cli("--state-dir", str(tmp_path / "state"), "run", "--no-probes", "--policy", str(path), "--duration", "0",
         check=0)                                                  # dry-run: no store needed
+
+
+# --- an etcd that serves HTTPS and asks for client certificates --------------------------------------
+@pytest.fixture
+def tls_etcd(tmp_path):
+    """A real 3-member etcd serving its clients over HTTPS with ``--client-cert-auth``, and its certificates."""
+    require(shutil.which("etcd") is not None, "etcd (apt:etcd-server, scripts/bootstrap)")
+    require(shutil.which("openssl") is not None, "openssl (apt:openssl, scripts/bootstrap)")
+    certs = make_certificates(tmp_path / "pki")
+    with EtcdCluster(tls=certs) as cluster:
+        yield cluster, certs
+
+
+@pytest.mark.slow
+def test_a_node_with_a_client_certificate_acts_through_an_etcd_that_asks_for_one(tmp_path, tls_etcd):
+    etcd, certs = tls_etcd
+    prefix = fresh_prefix()
+    own = ClientTls(str(certs.ca), str(certs.client_cert), str(certs.client_key))
+    flags = ("--fleet-ca", str(certs.ca), "--fleet-cert", str(certs.client_cert), "--fleet-key", str(certs.client_key))
+    node = Node(tmp_path, "tls-node", etcd.endpoints, prefix, _policy(HOLD), ("--fleet-max-nodes", "1", *flags))
+    try:
+        wait_until("the change applied", lambda: node.applied() or not node.alive(), timeout=60)
+        assert node.alive(), node.stderr()
+        assert len(slots(EtcdStore(etcd.endpoints, tls=own), prefix)) == 1, "its slot, read over TLS"
+        status = run_cli("fleet", "status", "--fleet-etcd", ",".join(etcd.endpoints), "--fleet-prefix", prefix,
+                         *flags, check=0)
+        assert "held by tls-node" in status.stdout, status.stdout
+    finally:
+        assert node.stop() == 0, node.stderr()
+    for tls, why in ((ClientTls(str(certs.ca)), "the member ended the handshake"),
+                     (ClientTls(None, str(certs.client_cert), str(certs.client_key)), "certificate verify failed")):
+        with pytest.raises(StoreError, match=f"TLS: {why}"):
+            EtcdStore(etcd.endpoints, tls=tls).count("/")         # refused at once: never retried as "unreachable"
+    stranger = ClientTls(str(certs.ca), str(certs.stranger_cert), str(certs.stranger_key))
+    with pytest.raises(StoreError, match="TLS: "):
+        EtcdStore(etcd.endpoints, tls=stranger).count("/")
+    bad = run_cli("fleet", "status", "--fleet-etcd", ",".join(etcd.endpoints), "--fleet-ca", str(certs.ca), check=1)
+    assert bad.stderr.strip().startswith("error: fleet store: https://127.0.0.1:"), bad.stderr
+    assert "TLS: the member ended the handshake" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, error", [
+    (("--fleet-cert", "{cert}"), "--fleet-cert and --fleet-key go together"),
+    (("--fleet-ca", "{missing}"), "--fleet-ca {missing}: no such file or directory"),
+    (("--fleet-ca", "{dir}"), "--fleet-ca {dir}: is a directory, not a regular file"),
+])
+def test_bad_tls_options_are_one_error_line(cli, tmp_path, args, error):
+    (tmp_path / "c.pem").write_text("x")
+    names = {"cert": str(tmp_path / "c.pem"), "missing": str(tmp_path / "nope.pem"), "dir": str(tmp_path)}
+    done = cli("fleet", "status", "--fleet-etcd", "https://127.0.0.1:1", *(a.format(**names) for a in args),
+               check=1)
+    assert done.stderr.strip().startswith(f"error: {error.format(**names)}"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    plain = cli("fleet", "status", "--fleet-etcd", "http://127.0.0.1:1", "--fleet-ca", names["cert"], check=1)
+    assert plain.stderr.strip() == "error: --fleet-etcd: TLS options with an http:// endpoint: give every " \
+                                   "endpoint as https://", plain.stderr
+    run = cli("--state-dir", str(tmp_path / "s"), "run", "--no-probes", "--duration", "0", "--fleet-ca",
+              names["cert"], check=1)
+    assert run.stderr.strip().splitlines()[-1] == "error: --fleet-ca needs --fleet-etcd (the etcd cluster that " \
+                                                  "holds the fleet's budget)", run.stderr

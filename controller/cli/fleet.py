@@ -19,12 +19,7 @@ import os
 import socket
 import time
 
-from .shared import CliError
-
-
-def _store(args):
-    from ..fleet.store import EtcdStore
-    return EtcdStore(args.fleet_etcd)
+from .shared import CliError, _fleet_store
 
 
 def _clock(t) -> str:
@@ -33,7 +28,7 @@ def _clock(t) -> str:
 
 def cmd_fleet(args) -> int:
     from ..fleet.store import StoreError, StoreUnavailable
-    store = _store(args)
+    store = _fleet_store(args)
     try:
         if args.action == "status":
             return _status(args, store)

@@ -119,6 +119,18 @@ NODE_HELP = ("also check this node as this user sees it (what root gets anyway):
              "producers can run here, required devices, interfaces, running jobs")
 
 
+def _fleet_tls_args(group) -> None:
+    """The client side of an etcd that serves HTTPS and asks for client certificates (docs/fleet.md)."""
+    group.add_argument("--fleet-ca", type=_path_arg, metavar="FILE",
+                       help="the CA file the etcd members' certificates are checked against (default: the "
+                            "system's); needs https:// endpoints")
+    group.add_argument("--fleet-cert", type=_path_arg, metavar="FILE",
+                       help="this node's client certificate (PEM), for an etcd run with --client-cert-auth; "
+                            "with --fleet-key")
+    group.add_argument("--fleet-key", type=_path_arg, metavar="FILE",
+                       help="the key of --fleet-cert (PEM, readable by root only)")
+
+
 def build_parser() -> Parser:
     from importlib.metadata import version
     p = Parser(prog="reflexarc", description="Closed-loop remediation for training nodes.")
@@ -246,6 +258,7 @@ def build_parser() -> Parser:
                                     "renewal (default %(default)s)")
             fleet.add_argument("--fleet-prefix", type=_key_prefix_arg, default="/reflexarc", metavar="PREFIX",
                                help="the etcd keys of this fleet (default %(default)s)")
+            _fleet_tls_args(fleet)
             fleet.add_argument("--node-name", type=_node_name_arg, metavar="NAME",
                                help="this node's name in its audit's run records and in the fleet, where "
                                     "reports across nodes tell nodes apart by it (default: the host name)")
@@ -353,6 +366,7 @@ def build_parser() -> Parser:
                    help="the etcd cluster's client URLs")
     s.add_argument("--fleet-prefix", type=_key_prefix_arg, default="/reflexarc", metavar="PREFIX",
                    help="the etcd keys of this fleet (default %(default)s)")
+    _fleet_tls_args(s)
     s.add_argument("--reason", metavar="TEXT", help="why the breaker is reset (reset; required)")
     s.add_argument("--from-start", action="store_true", help="reset: back to the first stage, its seats emptied")
     s.add_argument("--json", action="store_true", help="status: the whole view as JSON")

@@ -29,8 +29,8 @@ from pathlib import Path
 from reflexarc.core.input_files import check_regular, kind_of
 
 from ..runtime.narrate import Narrator
-from .shared import (EARLY_HUPS, CliError, _actuator_config, _journal, _load_policies, _node_findings,
-                     _paths_or_builtin, _promql, _selection, _set_hup)
+from .shared import (EARLY_HUPS, CliError, _actuator_config, _fleet_store, _journal, _load_policies,
+                     _node_findings, _paths_or_builtin, _promql, _selection, _set_hup)
 
 
 def _output_file(path: str, what: str) -> Path:
@@ -77,7 +77,7 @@ def _metrics_server(args, registry):
         raise CliError(f"--metrics-addr {shown}: cannot listen there: {exc.strerror or exc}") from None
 
 
-FLEET_OPTIONS = ("fleet_max_nodes", "fleet_max_percent")
+FLEET_OPTIONS = ("fleet_max_nodes", "fleet_max_percent", "fleet_ca", "fleet_cert", "fleet_key")
 
 
 def _node_name(args) -> str:
@@ -113,8 +113,7 @@ def _fleet_budget(args, policies, override, node: str):
         raise CliError("--fleet-etcd needs a limit (--fleet-max-nodes N, --fleet-max-percent P, or both) or an "
                        "enforcing policy with a rollout or a budget")
     from ..fleet.budget import FleetBudget
-    from ..fleet.store import EtcdStore
-    return FleetBudget(EtcdStore(args.fleet_etcd), node, max_nodes=args.fleet_max_nodes,
+    return FleetBudget(_fleet_store(args), node, max_nodes=args.fleet_max_nodes,
                        max_percent=args.fleet_max_percent, ttl=args.fleet_ttl, prefix=args.fleet_prefix)
 
 

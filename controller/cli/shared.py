@@ -203,3 +203,32 @@ def _when(ts) -> str:
     if not isinstance(ts, (int, float)):
         return "-" * 19
     return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _fleet_store(args):
+    """The etcd client of ``--fleet-etcd``, with ``--fleet-ca/--fleet-cert/--fleet-key``
+    when given: each file must be a readable regular file, the certificate and
+    key come together, and TLS needs every endpoint as https://."""
+    from reflexarc.core.input_files import InputFileError, check_regular
+
+    from ..fleet.store import ClientTls, EtcdStore
+    files = {"--fleet-ca": args.fleet_ca, "--fleet-cert": args.fleet_cert, "--fleet-key": args.fleet_key}
+    given = {flag: path for flag, path in files.items() if path is not None}
+    if given and not args.fleet_etcd:
+        raise CliError(f"{next(iter(given))} needs --fleet-etcd (the etcd cluster it is for)")
+    if (args.fleet_cert is None) != (args.fleet_key is None):
+        raise CliError("--fleet-cert and --fleet-key go together: the client certificate and its key")
+    for flag, path in given.items():
+        try:
+            check_regular(path)
+            with open(path, "rb"):
+                pass
+        except InputFileError as exc:
+            raise CliError(f"{flag} {exc}") from None
+        except OSError as exc:
+            raise CliError(f"{flag} {path}: {exc.strerror or exc}") from None
+    tls = ClientTls(args.fleet_ca, args.fleet_cert, args.fleet_key) if given else None
+    try:
+        return EtcdStore(args.fleet_etcd, tls=tls)
+    except ValueError as exc:
+        raise CliError(f"--fleet-etcd: {exc}") from None

@@ -62,6 +62,18 @@ TIMEOUT_S = 1.0          # one request; a member without a leader answers 503 wi
                          # costs endpoints + 1 of these before the refusal (bench/fleet.py measures it)
 
 
+@dataclass(frozen=True)
+class ClientTls:
+    """How the node proves itself to an etcd that asks for client certificates
+    (``--client-cert-auth``) and checks the members' certificates: ``ca`` the
+    CA file the members' certificates are checked against (None: the system's
+    store), ``cert`` and ``key`` the node's certificate and key (both, or neither)."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+
 class StoreUnavailable(Exception):
     """No endpoint answered: every member refused, reset or timed out."""
 
@@ -121,6 +133,19 @@ def _why(exc: Exception) -> str:
     return text[:160]
 
 
+def _tls_why(text: str) -> str:
+    """A TLS failure in a few words: the certificate refused, or the handshake's alert."""
+    if "EOF occurred in violation of protocol" in text or "SSLEOFError" in text:
+        return ("the member ended the handshake: it asks for a client certificate its CA signed, and this "
+                "node gave none or another (--fleet-cert, --fleet-key)")
+    for pattern in (r"certificate verify failed: [^'\")(]*", r"tlsv1 alert [a-z ]+", r"sslv3 alert [a-z ]+",
+                    r"No such file or directory[^'\")]*", r"PEM lib"):
+        found = re.search(pattern, text)
+        if found:
+            return found.group(0).strip()
+    return text[:200]
+
+
 def _b64(data: str | bytes) -> str:
     return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
 
@@ -132,11 +157,19 @@ def _text(data: str | None) -> str:
 class EtcdStore:
     """One node's client of the etcd cluster at ``endpoints`` (URLs, see ``parse_endpoint``)."""
 
-    def __init__(self, endpoints: list[str], timeout: float = TIMEOUT_S) -> None:
+    def __init__(self, endpoints: list[str], timeout: float = TIMEOUT_S, tls: ClientTls | None = None) -> None:
         if not endpoints:
             raise ValueError("no etcd endpoint")
         self.endpoints = [parse_endpoint(e) for e in endpoints]
-        self._clients = [etcd_client(host=host, port=port, protocol=proto, timeout=timeout, api_path=API_PATH)
+        if tls is not None and (tls.cert is None) != (tls.key is None):
+            raise ValueError("a client certificate needs its key, and a key its certificate")
+        if tls is not None and any(proto != "https" for proto, _, _ in self.endpoints):
+            raise ValueError("TLS options with an http:// endpoint: give every endpoint as https://")
+        tls = tls or ClientTls()
+        # per request: a session's CA gives way to $REQUESTS_CA_BUNDLE (requests' merge of the environment)
+        self._verify = {"verify": tls.ca} if tls.ca else {}
+        self._clients = [etcd_client(host=host, port=port, protocol=proto, timeout=timeout, api_path=API_PATH,
+                                     ca_cert=tls.ca, cert_cert=tls.cert, cert_key=tls.key)
                          for proto, host, port in self.endpoints]
         self._current = 0
         self._lock = threading.Lock()   # the member asked and the count; requests go out in parallel (the
@@ -174,9 +207,13 @@ class EtcdStore:
         cli = self._clients[index]
         where = "{}://{}:{}".format(*self.endpoints[index])
         try:
-            return cli.post(cli.get_url(path), json=payload)
+            return cli.post(cli.get_url(path), json=payload, **self._verify)
         except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
                 requests.exceptions.RequestException) as exc:
+            text = exc.detail_text or str(exc) if isinstance(exc, etcd_errors.Etcd3Exception) else str(exc)
+            if isinstance(exc, requests.exceptions.SSLError) or "SSLError" in text:
+                # the same handshake fails the same way (a certificate refused): not retried, not "unreachable"
+                raise StoreError(f"{where}: TLS: {_tls_why(text)}") from None
             with self._lock:
                 if self._current == index:      # not moved on already by another thread's failure
                     self._current = (index + 1) % len(self._clients)
@@ -186,6 +223,8 @@ class EtcdStore:
             raise StoreError(f"{where}: {exc.detail_text or exc}") from None
         except ValueError as exc:       # an answer that is not JSON
             raise StoreError(f"{where}: not an etcd answer: {exc}") from None
+        except OSError as exc:          # a CA, certificate or key file that cannot be read
+            raise StoreError(f"{where}: TLS: {exc}") from None
 
     # --- leases ---------------------------------------------------------------------------
     def grant(self, ttl: int) -> int:

@@ -75,6 +75,16 @@ work together: both etcds, or a fleet setting without an etcd.
 {{- if and $fleet.etcd.deploy $fleet.endpoints -}}
 {{- fail "fleet.etcd.deploy=true runs the chart's own etcd, and fleet.endpoints names another: give one of them" -}}
 {{- end -}}
+{{- if and $fleet.tls.secretName (not $fleet.endpoints) -}}
+{{- fail "fleet.tls.secretName is for an existing etcd that serves https:// (fleet.endpoints); the chart's own etcd serves plain HTTP" -}}
+{{- end -}}
+{{- if $fleet.tls.secretName -}}
+{{- range $fleet.endpoints -}}
+{{- if not (hasPrefix "https://" .) -}}
+{{- fail (printf "fleet.tls.secretName needs every fleet.endpoints URL as https://, got %s" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if $fleet.etcd.deploy -}}
 {{- $urls := list -}}
 {{- range $i := until (int $fleet.etcd.replicas) -}}
