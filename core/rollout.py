@@ -10,6 +10,10 @@ CLI share.
 - **The breaker**: it opens when more of the last ``window`` outcomes failed
   than the rate allows (``allowed_failures``); open, no node makes a new
   enforce change of the policy until an operator resets it.
+- **The version**: a digest of what the policy does (its rules, selector and
+  rollout). A policy changed on its nodes is a new version: its rollout
+  starts over at the first stage, and a node still running the version it
+  replaced is refused until its policies are reloaded.
 
 Example::
 
@@ -92,6 +96,7 @@ class RolloutSpec:
     promote_after: int = 3
     success_rate: float = 90.0
     window: int = 10
+    version: str = ""     # the digest of the policy it rolls out (the engine's); a new one starts over
 
     def allowed_failures(self) -> int:
         """Failures the last ``window`` outcomes may hold before the breaker opens."""

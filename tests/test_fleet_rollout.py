@@ -15,6 +15,7 @@ The arithmetic and the policy language need no server (fast tier).
 """
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
 import threading
@@ -267,6 +268,47 @@ def test_an_outcome_the_store_missed_is_counted_before_the_next_change(etcd, nod
     state = reset(a.store, nodes.prefix, "p", reason="fixed", by="test")
     assert not state.open and state.recent == []
     restarted.admit("p", spec)
+
+
+@pytest.mark.slow
+def test_a_changed_policy_starts_its_rollout_over_and_the_old_version_is_refused(nodes):
+    v1 = RolloutSpec(stages=(Stage(nodes=1), Stage()), promote_after=1, success_rate=50, window=4, version="v1")
+    v2 = dataclasses.replace(v1, version="v2")
+    a, b, c = (nodes(n) for n in "abc")
+    a.admit("p", v1)
+    (widened,) = a.report("p", v1, ok=True, target="t")
+    assert widened.stage == 1
+    b.admit("p", v1)                                    # stage 2: every node
+    c.admit("p", v2)                                    # c reloaded a changed policy: back to stage 1, its seat
+    state, _, seats = read(c.store, nodes.prefix, "p")
+    assert (state.version, state.superseded, state.stage) == ("v2", ["v1"], 0)
+    assert [s.key.rsplit("/", 1)[-1] for s in seats] == ["c"], "the old stage's seats cleared"
+    assert state.history[-1]["event"] == "restarted" and state.history[-1]["from_stage"] == 1
+    for old in (a, b):
+        assert reason_of(lambda old=old: old.admit("p", v1)) == "superseded", "the replaced version enforces nothing"
+    assert a.report("p", v1, ok=True, target="t") == []            # an old version's outcome is not counted
+    assert read(c.store, nodes.prefix, "p")[0].verified_in_stage == 0
+    assert reason_of(lambda: a.admit("p", v2)) == "rollout-stage", "reloaded: the new version's first stage"
+    reset(c.store, nodes.prefix, "p", reason="back to v1", by="test", from_start=True)
+    a.admit("p", v1)                                    # versions forgotten: v1 is the fleet's again
+    assert read(c.store, nodes.prefix, "p")[0].version == "v1"
+
+
+def test_a_policy_s_version_is_what_it_enforces(tmp_path):
+    from reflexarc.controller.engine.engine import rollout_specs
+    text = POLICY.format(rollout="{stages: [1, all]}", verify_op=WORKS)
+    path = tmp_path / "p.yaml"
+
+    def version(policy_text: str) -> str:
+        path.write_text(policy_text)
+        (policy,), _ = validate_paths([str(path)])
+        return rollout_specs([policy])["canary"].version
+
+    first = version(text)
+    assert len(first) == 16
+    assert version("# a comment, and the file moved about\n\n" + text) == first
+    assert version(text.replace("threshold: 300}", "threshold: 250}", 1)) != first
+    assert version(text.replace("{stages: [1, all]}", "{stages: [2, all]}")) != first
 
 
 # --- no server --------------------------------------------------------------------------------------

@@ -68,7 +68,8 @@ def _status(args, store) -> int:
         seats = ", ".join(s["node"] for s in r["seats"]) or "none"
         recent = (f"last {len(outcomes)} outcome(s): {sum(outcomes)} verified, {len(outcomes) - sum(outcomes)} failed"
                   if outcomes else "no outcome in its window yet")
-        print(f"rollout {name}: stage {stage + 1} of {len(stages)} ({size}), "
+        version = f" (version {r['version'][:12]})" if r.get("version") else ""
+        print(f"rollout {name}{version}: stage {stage + 1} of {len(stages)} ({size}), "
               f"{r.get('verified_in_stage', 0)} verified in it of {r.get('spec', {}).get('promote_after', '?')} "
               f"to widen; seats: {seats}; {recent}")
         if r.get("open"):

@@ -69,6 +69,7 @@ import threading
 
 from reflexarc.actuators.base import Change, Registry, Target
 from reflexarc.core.outcomes import TAKEN, Outcome
+from reflexarc.core.rollout import RolloutSpec
 
 from ..fleet.budget import FleetBudget
 from ..fleet.rollout import Event, FleetRollout
@@ -121,6 +122,22 @@ def rule_digest(policy: Policy, rule: Rule, mode: str) -> str:
     or the order of files and rules) nor its policy's description."""
     text = json.dumps([_plain(rule), _plain(policy.selector), mode], sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def policy_version(policy: Policy) -> str:
+    """What a policy enforces, as a digest: its rules (``rule_digest`` in
+    enforce mode: definitions and selector) and its rollout; a changed policy
+    is a new version, whose fleet rollout starts over."""
+    assert policy.rollout is not None
+    text = json.dumps([[rule_digest(policy, r, "enforce") for r in policy.rules],
+                       policy.rollout.to_dict()], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def rollout_specs(policies: list[Policy]) -> dict[str, RolloutSpec]:
+    """Each policy's rollout, carrying the policy's version."""
+    return {p.name: dataclasses.replace(p.rollout, version=policy_version(p))
+            for p in policies if p.rollout is not None}
 
 
 def _plain(value):
@@ -182,7 +199,7 @@ class Controller:
         self.limits = NodeLimits(limits)
         self.budget = budget
         self.rollout = rollout
-        self.rollouts = {p.name: p.rollout for p in policies if p.rollout is not None}
+        self.rollouts = rollout_specs(policies)
         self.executor = Executor(registry, journal, clock, real_sleep=real_sleep, budget=budget, rollout=rollout)
         self.target_grace = target_grace
         self.min_history = min_history
@@ -339,7 +356,7 @@ class Controller:
                          policies=describe_policies(policies))
         prepared = self._enforced_actuators()
         self.policies, self.slots = policies, slots
-        self.rollouts = {p.name: p.rollout for p in policies if p.rollout is not None}
+        self.rollouts = rollout_specs(policies)
         now, names, outcomes = self.clock.now(), {(s.policy.name, s.rule.name) for s in slots}, []
         for slot in ended:
             note = f"rule {'changed' if slot.identity[:2] in names else 'removed'} at reload"

@@ -81,7 +81,8 @@ class ControllerMetrics:
         self.budget_refused = Counter("reflexarc_budget_refused_total",
                                       "Enforce actions the fleet budget or a policy's rollout refused, nothing "
                                       "applied: budget-full, store-unreachable (fail closed), store-error, "
-                                      "rollout-stage, breaker-open, no-fleet-store", ["reason"], registry=r)
+                                      "rollout-stage, breaker-open, superseded, no-fleet-store", ["reason"],
+                                      registry=r)
         for reason in BUDGET_REASONS + ROLLOUT_REASONS:
             self.budget_refused.labels(reason)
         self.rollout_stage = Gauge("reflexarc_rollout_stage", "The stage (1 = first) of a policy's fleet "

@@ -51,9 +51,10 @@ from .store import Entry, EtcdStore, StoreError, StoreUnavailable
 
 log = logging.getLogger("reflexarc.fleet.rollout")
 
-REASONS = ("rollout-stage", "breaker-open", "no-fleet-store")
+REASONS = ("rollout-stage", "breaker-open", "superseded", "no-fleet-store")
 ROUNDS = 8            # reads and swaps tried when other nodes write the state first
 HISTORY = 50          # events kept in the state
+VERSIONS = 20         # replaced versions remembered (a node still running one is refused)
 
 
 @dataclass
@@ -69,6 +70,8 @@ class State:
     verified_in_stage: int = 0
     history: list[dict] = field(default_factory=list)     # {t, event, ...}, oldest first
     spec: dict = field(default_factory=dict)
+    version: str = ""                                       # the policy's version rolled out ("": not known)
+    superseded: list[str] = field(default_factory=list)    # the versions it replaced, newest first
 
     @classmethod
     def parse(cls, text: str) -> State:
@@ -131,6 +134,8 @@ class FleetRollout:
         state, modified, seats = self._read(policy)
         state = state or State(spec=spec.to_dict())
         self.seen[policy] = state
+        if spec.version and state.version != spec.version:
+            return self._new_version(policy, spec, state, modified)
         if state.open:
             raise Refused("breaker-open", f"{policy}: {breaker_words(state)}; an operator resets it with "
                                           f"reflexarc fleet reset {policy} --reason TEXT")
@@ -153,6 +158,29 @@ class FleetRollout:
         seat = json.dumps({"since": round(self._wall(), 3), "stage": index})
         return self.store.swap(self.state_key(policy), modified, state.dump(),
                                also=((self.seat_key(policy), seat, lease),))
+
+    def _new_version(self, policy: str, spec: RolloutSpec, state: State, modified: int) -> bool:
+        """This node runs a version of ``policy`` the state does not hold: one
+        it replaced (refused: the node must reload), the first one known (it
+        is recorded), or a new one: the rollout starts over at the first stage,
+        its outcomes and seats cleared (an open breaker stays open). False:
+        written, to be read again; the next round admits."""
+        if spec.version in state.superseded:
+            raise Refused("superseded", f"{policy}: this node runs version {spec.version[:12]} of the policy, "
+                                        f"which version {state.version[:12]} replaced on the fleet; reload its "
+                                        f"policy files (SIGHUP) to enforce it")
+        clear = ()
+        if state.version:
+            log.warning("fleet rollout: %s changed (version %s -> %s): its rollout starts over at stage 1 of %d",
+                        policy, state.version[:12], spec.version[:12], len(spec.stages))
+            state.note("restarted", self._wall(), node=self.node, was=state.version, version=spec.version,
+                       from_stage=state.stage)
+            state.superseded = [state.version, *state.superseded][:VERSIONS]
+            state.stage, state.verified_in_stage, state.recent = 0, 0, []
+            clear = (seats_prefix(self.prefix, policy),)
+        state.version, state.spec = spec.version, spec.to_dict()
+        self.store.swap(self.state_key(policy), modified, state.dump(), clear=clear)
+        return False
 
     # --- outcomes -------------------------------------------------------------------------------
     def report(self, policy: str, spec: RolloutSpec, ok: bool, target: str) -> list[Event]:
@@ -191,6 +219,10 @@ class FleetRollout:
         for _ in range(ROUNDS):
             state, modified, _ = self._read(policy)
             state = state or State()
+            if spec.version and state.version and state.version != spec.version:
+                log.info("fleet rollout: an outcome of %s version %s not counted: the fleet rolls out %s",
+                         policy, spec.version[:12], state.version[:12])
+                return None
             state.spec = spec.to_dict()
             state.recent = (state.recent + [{"node": self.node, "ok": ok, "target": target,
                                               "t": round(t, 3)}])[-spec.window:]
@@ -252,8 +284,9 @@ def breaker_words(state: State) -> str:
 def reset(store: EtcdStore, prefix: str, policy: str, reason: str, by: str, from_start: bool = False,
           wall=time.time) -> State:
     """Close the breaker of ``policy`` (and, ``from_start``, go back to the
-    first stage, its seats emptied), the last outcomes forgotten; the reset
-    in the history with its reason and who. KeyError: no rollout state."""
+    first stage, its seats emptied and the replaced versions forgotten, so an
+    earlier version may be rolled out again), the last outcomes forgotten;
+    the reset in the history with its reason and who. KeyError: no rollout state."""
     for _ in range(ROUNDS):
         state, modified, _ = read(store, prefix, policy)
         if state is None:
@@ -261,8 +294,9 @@ def reset(store: EtcdStore, prefix: str, policy: str, reason: str, by: str, from
         was = {"open": state.open, "stage": state.stage}
         state.open, state.opened_at, state.opened_by, state.reason = False, None, "", ""
         state.recent = []
-        if from_start:
+        if from_start:             # and the versions forgotten: the next node's version is the fleet's
             state.stage, state.verified_in_stage = 0, 0
+            state.version, state.superseded = "", []
         state.note("reset", wall(), by=by, reason=reason, was_open=was["open"], from_stage=was["stage"],
                    stage=state.stage)
         if store.swap(state_key(prefix, policy), modified, state.dump()):

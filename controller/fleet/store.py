@@ -281,15 +281,17 @@ class EtcdStore:
                 for kv in result.get("kvs", [])]
 
     def swap(self, key: str, modified: int, value: str, also: tuple[tuple[str, str, int | None], ...] = (),
-             absent: tuple[str, ...] = ()) -> bool:
+             absent: tuple[str, ...] = (), clear: tuple[str, ...] = ()) -> bool:
         """In one transaction, only while ``key`` was last modified at revision
         ``modified`` (0: it does not exist) and the keys in ``absent`` do not
-        exist: write ``key`` and each ``(key, value, lease)`` of ``also``;
-        whether it did. A compare-and-swap: two writers that read the same
-        revision cannot both succeed."""
+        exist: delete every key under the prefixes of ``clear``, write ``key``
+        and each ``(key, value, lease)`` of ``also``; whether it did. A
+        compare-and-swap: two writers that read the same revision cannot both
+        succeed."""
         compare = [{"key": _b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": modified}]
         compare += [{"key": _b64(k), "result": "EQUAL", "target": "CREATE", "create_revision": 0} for k in absent]
-        success = [{"request_put": {"key": _b64(key), "value": _b64(value)}}]
+        success = [{"request_delete_range": {"key": _b64(p), "range_end": _b64(_end_of(p))}} for p in clear]
+        success.append({"request_put": {"key": _b64(key), "value": _b64(value)}})
         for k, v, lease in also:
             put = {"key": _b64(k), "value": _b64(v)}
             if lease:
