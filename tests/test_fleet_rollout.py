@@ -307,6 +307,10 @@ def test_a_policy_s_version_is_what_it_enforces(tmp_path):
     first = version(text)
     assert len(first) == 16
     assert version("# a comment, and the file moved about\n\n" + text) == first
+    adapted = text.replace("match: {job: j}", "match: {job: j}, interfaces: [lo]")
+    assert adapted != text
+    assert version(adapted) == first, \
+        "a selector adapted to the node is the same version"
     assert version(text.replace("threshold: 300}", "threshold: 250}", 1)) != first
     assert version(text.replace("{stages: [1, all]}", "{stages: [2, all]}")) != first
 

@@ -125,12 +125,12 @@ def rule_digest(policy: Policy, rule: Rule, mode: str) -> str:
 
 
 def policy_version(policy: Policy) -> str:
-    """What a policy enforces, as a digest: its rules (``rule_digest`` in
-    enforce mode: definitions and selector) and its rollout; a changed policy
-    is a new version, whose fleet rollout starts over."""
+    """What a policy enforces across a fleet, as a digest: its rules'
+    definitions and its rollout, not its selector (each node may adapt it:
+    interfaces, netns), nor locations and comments; a changed policy is a new
+    version, whose fleet rollout starts over."""
     assert policy.rollout is not None
-    text = json.dumps([[rule_digest(policy, r, "enforce") for r in policy.rules],
-                       policy.rollout.to_dict()], sort_keys=True)
+    text = json.dumps([[_plain(r) for r in policy.rules], policy.rollout.to_dict()], sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
