@@ -135,8 +135,10 @@ def _why(exc: Exception) -> str:
 
 def _tls_why(text: str) -> str:
     """A TLS failure in a few words: the certificate refused, or the handshake's alert."""
-    if "EOF occurred in violation of protocol" in text or "SSLEOFError" in text:
-        return ("the member ended the handshake: it asks for a client certificate its CA signed, and this "
+    refused = ("EOF occurred in violation of protocol", "SSLEOFError", "alert bad certificate",
+               "alert certificate required", "alert unknown ca")
+    if any(words in text for words in refused):       # how a member that refuses it ends the handshake varies
+        return ("the member refused this node's client certificate: it asks for one its CA signed, and this "
                 "node gave none or another (--fleet-cert, --fleet-key)")
     for pattern in (r"certificate verify failed: [^'\")(]*", r"tlsv1 alert [a-z ]+", r"sslv3 alert [a-z ]+",
                     r"No such file or directory[^'\")]*", r"PEM lib"):
