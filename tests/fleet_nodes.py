@@ -5,8 +5,9 @@ machine is left alone), replaying four minutes of slow steps (``step_time_ms``
 520 every 0.2 s, job ``j`` unless told, rank 0) so its policy wants to act at once.
 What a test checks comes from what the node wrote: its journal and audit.
 
-Also what the fleet's tests share: ``fresh_prefix`` (keys of their own) and
-``reason_of`` (the reason a call was refused with); their ``etcd`` fixture is
+Also what the fleet's tests share: ``fresh_prefix`` (keys of their own),
+``reason_of`` (the reason a call was refused with) and ``one_error_at`` (a
+policy file's one error and where it is); their ``etcd`` fixture is
 conftest's."""
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 
 from conftest import spawn_cli
 from reflexarc.controller.fleet.budget import Refused
+from reflexarc.controller.policy.loader import validate_paths
 
 TTL = 6                   # the nodes' lease in these tests (s): renewed every 2 s
 
@@ -35,6 +37,15 @@ def reason_of(call) -> str:
     with pytest.raises(Refused) as refused:
         call()
     return refused.value.reason
+
+
+def one_error_at(path: Path, where: str, error: str) -> None:
+    """``validate`` finds exactly one error in ``path``, at ``where``
+    (``line:col`` or ``line:``), saying ``error``."""
+    _, diagnostics = validate_paths([str(path)])
+    errors = [str(d) for d in diagnostics if d.is_error]
+    assert len(errors) == 1 and error in errors[0], errors
+    assert errors[0].startswith(f"{path}:{where}"), errors[0]
 
 
 class Node:

@@ -5,10 +5,8 @@ and ``reflexarc report`` lists each would-be change with its before and after.""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from conftest import require_bpf, two_node_sys

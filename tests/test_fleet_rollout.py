@@ -24,7 +24,7 @@ import time
 import pytest
 
 from conftest import run_cli, wait_until
-from fleet_nodes import TTL, Node, fresh_prefix, reason_of
+from fleet_nodes import TTL, Node, fresh_prefix, one_error_at, reason_of
 from reflexarc.controller.fleet.budget import FleetBudget, Refused
 from reflexarc.controller.fleet.rollout import FleetRollout, read, reset
 from reflexarc.controller.fleet.store import EtcdStore
@@ -361,10 +361,7 @@ def test_a_bad_rollout_is_an_error_at_its_place(tmp_path, rollout, verify, error
                     "      - name: r\n        when: {signal: step_time_ms, agg: max, window: 1s, op: '>', "
                     "threshold: 1}\n        actions: [{actuator: sysctl, params: {key: vm.swappiness, value: '1'}}]\n"
                     + verify_line + "        rollback: {on: [clear]}\n")
-    _, diagnostics = validate_paths([str(path)])
-    errors = [str(d) for d in diagnostics if d.is_error]
-    assert len(errors) == 1 and error in errors[0], errors
-    assert errors[0].startswith(f"{path}:4:"), errors[0]
+    one_error_at(path, "4:", error)
 
 
 def test_a_good_rollout_loads_with_its_defaults(tmp_path):

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import require, require_root, wait_until
+from conftest import require, require_root
 
 from reflexarc.core.cgroup_jobs import from_cgroups, placement
 from reflexarc.core.cgroups import cgroup2_root

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from conftest import ROOT, require_bpf, spawn_cli
 import pytest

@@ -13,7 +13,7 @@ import pytest
 
 from fixtures.audit.live_churn import write_live_churn
 from reflexarc.controller.report import FleetInputError, find_audits, write_fleet_report
-from reflexarc.controller.report.fleet import NO_JOB, job_of, node_of, refusal_reason, unique_name
+from reflexarc.controller.report.fleet import NO_JOB, job_of, node_of, unique_name
 from reflexarc.controller.report.audit import Audit
 
 T0 = 1_780_000_000.0
@@ -35,11 +35,12 @@ def _fleet_records(node: str | None) -> list[dict]:
          "evidence": []},
         {**base, "kind": "transition", "ts": T0 + 2, "from": "pending", "to": "firing", "trigger": "fire",
          "evidence": []},
-        {**refused, "ts": T0 + 3, "error": "fleet rollout: rollout-stage: canary: stage 1 of 2 admits 1 node(s)"},
+        {**refused, "ts": T0 + 3, "error": "fleet rollout: rollout-stage: canary: stage 1 of 2 admits 1 node(s)",
+         "refusal": "rollout-stage"},
         {"kind": "rollout", "ts": T0 + 4, "policy": "canary", "event": "opened", "stage": 1,
          "detail": "3 of the fleet's last 4 verifications failed", "node": node},
-        {**refused, "ts": T0 + 14, "error": "fleet rollout: breaker-open: canary: open"},
-        {**refused, "ts": T0 + 24, "error": "fleet rollout: breaker-open: canary: open"},
+        {**refused, "ts": T0 + 14, "error": "fleet rollout: breaker-open: canary: open", "refusal": "breaker-open"},
+        {**refused, "ts": T0 + 24, "error": "fleet rollout: breaker-open: canary: open", "refusal": "breaker-open"},
         {"kind": "end", "ts": T0 + 30, "summary": {}},
     ]
 
@@ -121,15 +122,10 @@ def test_two_trails_of_one_node_name_keep_both_reports(tmp_path):
     assert all((paths["html"].parent / n.link).is_file() for n in fold.nodes)
 
 
-def test_jobs_and_refusal_reasons_are_read_from_the_records():
+def test_jobs_are_read_from_the_records():
     assert job_of("job=llama,rank=0") == "llama"
     assert job_of("rank=0", "from-policy") == "from-policy"
     assert job_of("*") == NO_JOB
-    assert refusal_reason("fleet budget: budget-full: policy:p: 2 slot(s) taken") == "budget-full"
-    assert refusal_reason("fleet budget: store-unreachable: no etcd endpoint answers") == "store-unreachable"
-    assert refusal_reason("fleet rollout: breaker-open: p: open") == "breaker-open"
-    assert refusal_reason("fleet budget: budget-full") == "budget-full"
-    assert refusal_reason("refused before apply: x: y") == refusal_reason(None) == "other"
 
 
 def test_node_names_and_details_are_escaped(tmp_path):

@@ -511,14 +511,14 @@ class Controller:
                              **({"alert": alert} if alert else {}))
 
     def audit_action(self, run: RuleRun, step, change, outcome: Outcome, jid, error, mode: str,
-                     note: str | None = None) -> None:
+                     note: str | None = None, refused: str | None = None) -> None:
         actuator = change.actuator if change else run.rule.actions[step].actuator
         self.metrics.action(run.policy.name, run.rule.name, actuator, mode, outcome)
         self.audit.write("action", policy=run.policy.name, rule=run.rule.name, target=run.target_key,
                          target_labels=run.labels, mode=mode, step=step, actuator=actuator,
                          params=change.params if change else run.rule.actions[step].params, outcome=outcome,
                          change=_change_view(change), journal_id=jid, error=error,
-                         **({"note": note} if note else {}))
+                         **({"note": note} if note else {}), **({"refusal": refused} if refused else {}))
 
     def _act(self, run: RuleRun, act: Act, now: float) -> StepResult:
         """Run the action the run decided, in the mode it decided; a change taken
@@ -536,7 +536,8 @@ class Controller:
             self._room = self.limits.room(now, self.hold)
         if res.outcome is Outcome.REFUSED:
             self.metrics.budget_refused.labels(res.refused).inc()
-        self.audit_action(run, act.step, res.change, res.outcome, res.journal_id, res.error, act.mode)
+        self.audit_action(run, act.step, res.change, res.outcome, res.journal_id, res.error, act.mode,
+                          refused=res.refused)
         return res
 
     def _revert(self, run: RuleRun, ac: ActiveChange, note: str | None) -> StepResult:

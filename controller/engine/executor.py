@@ -197,14 +197,22 @@ class Executor:
                                     f"controller runs without a fleet store (run --fleet-etcd)")
         if self.budget is None or not self.budget.limited and budget is None:
             return None
-        self._holders += 1
-        holder = f"{policy}/{rule}/{change.target.key()}#{self._holders}"
-        pool = budget.pool(policy, change.target.labels, job) if budget is not None else f"policy:{policy}"
+        pool, holder = self._pool_and_holder(policy, rule, change.target, budget, job)
         try:
             self.budget.take(pool, holder, budget)
         except Refused as exc:
             return StepResult(Outcome.REFUSED, change, error=f"fleet budget: {exc}", refused=exc.reason)
         return holder
+
+    def _pool_and_holder(self, policy: str, rule: str, target, budget: BudgetSpec | None,
+                         job: str | None) -> tuple[str, str]:
+        """The fleet pool a change of ``policy`` on ``target`` counts in (its
+        own budget's, else the node's per-policy pool) and a holder name for
+        its slot, unique in this process."""
+        self._holders += 1
+        holder = f"{policy}/{rule}/{target.key()}#{self._holders}"
+        pool = budget.pool(policy, target.labels, job) if budget is not None else f"policy:{policy}"
+        return pool, holder
 
     def closed(self, journal_id: str | None) -> None:
         """The entry ``journal_id`` is closed (here, or by an operator's
@@ -411,10 +419,8 @@ class Executor:
             spec, job = budgets.get(entry.policy, (None, None))
             if spec is None and not self.budget.limited:
                 continue
-            target = Change.from_dict(entry.change).target
-            pool = spec.pool(entry.policy, target.labels, job) if spec is not None else f"policy:{entry.policy}"
-            self._holders += 1
-            holder = f"{entry.policy}/{entry.rule}/{target.key()}#{self._holders}"
+            pool, holder = self._pool_and_holder(entry.policy, entry.rule, Change.from_dict(entry.change).target,
+                                                 spec, job)
             try:
                 self.budget.take(pool, holder, spec, ahead=True)
             except Refused as exc:

@@ -327,6 +327,18 @@ class _FileReader(YamlReader):
             policy.budget = self._budget(fields["budget"][1], policy)
         return policy
 
+    def _parsed(self, node: Node, parse):
+        """``parse`` of the scalar at ``node``; its ``ValueError`` an error
+        there, and None (as for a missing or non-scalar value)."""
+        value = self.value(node)
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except ValueError as exc:
+            self.error(node, str(exc))
+            return None
+
     def _budget(self, node: Node, policy: Policy) -> BudgetSpec | None:
         fields = self._mapping(node, "budget", "'budget'")
         if fields is None:
@@ -335,20 +347,15 @@ class _FileReader(YamlReader):
         if "max_nodes" in fields:
             values["max_nodes"] = self.integer(fields["max_nodes"][1], "'max_nodes'", minimum=1)
         if "max_percent" in fields:
-            value = self.value(fields["max_percent"][1])
-            try:
-                values["max_percent"] = None if value is None else parse_percent(value, "'max_percent'")
-            except ValueError as exc:
-                self.error(fields["max_percent"][1], str(exc))
-                values["max_percent"] = None
+            values["max_percent"] = self._parsed(fields["max_percent"][1],
+                                                 lambda value: parse_percent(value, "'max_percent'"))
         if "per" in fields:
             values["per"] = self._choice(fields["per"][1], "'per'", PER)
         if not {"max_nodes", "max_percent"} & set(fields):
             self.error(node, "a budget needs max_nodes, max_percent or both, e.g. budget: {max_nodes: 2}")
             return None
         if values.get("per") == "job":
-            jobless = [r.name for r in policy.rules if "job" not in r.by and any(
-                a.actuator in SPECS and SPECS[a.actuator].changes_system for a in r.actions)]
+            jobless = [r.name for r in _changing_rules(policy) if "job" not in r.by]
             if jobless and policy.selector.one_job() is None:
                 self.error(fields["per"][1], f"a per-job budget needs each change's job, and rule(s) "
                                              f"{', '.join(jobless)} make targets without one; add job to their "
@@ -368,29 +375,20 @@ class _FileReader(YamlReader):
                 self.error(fields["stages"][1], "'stages' is empty; list them, e.g. [1, \"10%\", all]")
             stages = []
             for i, item in enumerate(items or ()):
-                value = self.value(item)
-                if value is None:
+                stage = self._parsed(item, parse_stage)
+                if stage is None:
                     continue
-                try:
-                    stages.append(parse_stage(value))
-                except ValueError as exc:
-                    self.error(item, str(exc))
-                    continue
-                if stages[-1].size(0) is None and i < len(items) - 1:
+                stages.append(stage)
+                if stage.size(0) is None and i < len(items) - 1:
                     self.error(item, "'all' admits every node, so it can only be the last stage")
             values["stages"] = tuple(stages)
         if "promote_after" in fields:
             values["promote_after"] = self.integer(fields["promote_after"][1], "'promote_after'", minimum=1)
         if "success_rate" in fields:
-            value = self.value(fields["success_rate"][1])
-            try:
-                values["success_rate"] = None if value is None else parse_success_rate(value)
-            except ValueError as exc:
-                self.error(fields["success_rate"][1], str(exc))
+            values["success_rate"] = self._parsed(fields["success_rate"][1], parse_success_rate)
         if "window" in fields:
             values["window"] = self.integer(fields["window"][1], "'window'", minimum=1, maximum=1000)
-        unverified = [r.name for r in policy.rules if r.verify is None and any(
-            a.actuator in SPECS and SPECS[a.actuator].changes_system for a in r.actions)]
+        unverified = [r.name for r in _changing_rules(policy) if r.verify is None]
         if unverified:
             self.error(node, f"a rollout widens on verified remediations, and rule(s) {', '.join(unverified)} "
                              f"change the system without a 'verify'; add verify: {{when: ..., timeout: ...}} to them")
@@ -963,6 +961,12 @@ def _keys(node: Node) -> set[str] | None:
     if not isinstance(node, MappingNode):
         return None
     return {key.value for key, _ in node.value if isinstance(key, ScalarNode)}
+
+
+def _changing_rules(policy: Policy) -> list[Rule]:
+    """The rules of ``policy`` with an action that changes the system."""
+    return [r for r in policy.rules
+            if any(a.actuator in SPECS and SPECS[a.actuator].changes_system for a in r.actions)]
 
 
 def _rule_conditions(rule: Rule) -> list[Condition]:

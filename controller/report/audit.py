@@ -506,7 +506,8 @@ class Audit:
             kept = {"ts": ts, "mode": _shared(rec.get("mode")), "step": rec.get("step"),
                     "actuator": _shared(rec.get("actuator")), "outcome": _shared(rec.get("outcome")),
                     "summary": _shared(change.get("summary")) if isinstance(change, dict) else None,
-                    "error": rec.get("error"), "journal_id": rec.get("journal_id")}
+                    "error": rec.get("error"), "journal_id": rec.get("journal_id"),
+                    "refusal": _shared(rec.get("refusal"))}
             run.actions.append(kept)
             track.actions.append(kept)
         elif kind == "retire":

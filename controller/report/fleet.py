@@ -91,13 +91,6 @@ def node_of(audit: Audit, path: Path) -> str:
     return path.parent.name if path.name == AUDIT_NAME and path.parent.name else path.stem
 
 
-def refusal_reason(error) -> str:
-    """The reason in a refused action's ``error``: ``fleet budget: REASON: ...``
-    or ``fleet rollout: REASON: ...`` (``docs/audit-format.md``), else ``other``."""
-    parts = str(error or "").split(": ", 2)
-    return parts[1] if len(parts) >= 2 and parts[0] in ("fleet budget", "fleet rollout") and parts[1] else "other"
-
-
 def job_of(target: str, policy_job: str | None = None) -> str:
     """The ``job`` label of a target key (``job=a,rank=0``), else ``policy_job``, else ``NO_JOB``."""
     for part in str(target).split(","):
@@ -173,7 +166,7 @@ class FleetFold:
             for action in track.actions:
                 if action.get("outcome") != Outcome.REFUSED:
                     continue
-                reason = refusal_reason(action.get("error"))
+                reason = str(action.get("refusal") or "other")
                 node.refused[reason] += 1
                 group = self.refusals.setdefault((node.node, policy, reason),
                                                  {"count": 0, "first": action["ts"], "last": action["ts"]})
