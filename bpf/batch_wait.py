@@ -77,6 +77,10 @@ interval's median and p99 (ms) per process, and ``steps_served`` the steps
 the last interval's ``step_time_ms`` is the mean of (the batches of the groups
 closed in it), per process (neither is published as a signal:
 ``bench/step_signals.py`` weighs merged intervals by the latter).
+``collect_arrived`` gives, between two intervals, the means of the batches
+and steps since the last collect, without the wait-so-far estimates: the live
+loop evaluates the rules that read them as they arrive (a step's worth of
+delay instead of an interval's).
 
 Both signals share their names, and their catalogue entries, with the ones a
 training script reports through the framework hooks
@@ -249,6 +253,7 @@ class BatchWait(Probe):
         self.totals = RunningTotals()
         self.wait_quantiles: dict[int, list[tuple[str, float]]] = {}
         self.steps_served: dict[int, int] = {}
+        self._taken: set[int] = set()       # processes that took a batch since the last collect
         self._watched: dict[int, _Trainer] = {}
         self._polls: list[str] = []
         self._rename = False
@@ -415,37 +420,68 @@ class BatchWait(Probe):
             return None
         return (now_ns - last) / 1e6 if now_ns > last else None
 
+    def _drain(self, watched: dict[int, set[int]]) -> dict[int, _Counts]:
+        """The batches and closed steps since the last drain, per training
+        process (``pending`` added for the fds since found to be its data
+        queue); the batch totals move on."""
+        stats = {key: _Counts.of(value) for key, value in drain(self.bpf[b"stats"])}
+        for key, value in drain(self.bpf[b"pending"]):
+            if key.fd in watched.get(key.tgid, ()):      # a data queue found since: its first batches
+                stats.setdefault(key.tgid, _Counts()).add(_Counts.of(value))
+        for trainer, s in stats.items():
+            if s.batches:
+                self.totals.add(trainer, s.batches)
+                self._taken.add(trainer)
+        return stats
+
+    def collect_arrived(self, now: float) -> list[tuple[str, dict, float]]:
+        """Between two intervals: the means of the batches taken and the steps
+        closed since the last collect, for the processes that took or closed
+        any (the live loop's arrivals, ``controller/runtime/live.py``). Nothing
+        for a process waiting: its wait so far, and the wait histogram, are the
+        interval's (``collect``), so a long step is one point, not several."""
+        if self.bpf is None:
+            return []
+        out: list[tuple[str, dict, float]] = []
+        for trainer, s in sorted(self._drain(self.watched()).items()):
+            out.extend(self._means(trainer, s))
+        return out
+
+    def _means(self, trainer: int, s: _Counts) -> list[tuple[str, dict, float]]:
+        labels = self.labels(pid=trainer)
+        out = []
+        if s.batches:
+            out.append(("dataloader_batch_wait_ms", labels, s.wait_ns / s.batches / 1e6))
+        if s.intervals:                   # steps closed: at a batch, or where a wait began
+            out.append(("step_time_ms", dict(labels), s.interval_ns / s.intervals / 1e6))
+        return out
+
     def collect(self, now: float) -> list[tuple[str, dict, float]]:
         if self.bpf is None:
             return []
         self._refresh(time.monotonic())
-        stats = {key: _Counts.of(value) for key, value in drain(self.bpf[b"stats"])}
         watched = self.watched()
-        for key, value in drain(self.bpf[b"pending"]):
-            if key.fd in watched.get(key.tgid, ()):      # a data queue found since: its first batches
-                stats.setdefault(key.tgid, _Counts()).add(_Counts.of(value))
+        stats = self._drain(watched)
+        taken, self._taken = self._taken, set()       # took a batch in the interval, here or in an arrival
         hists = drain_hists(self.bpf[b"wait_hist"])
         self.wait_quantiles = {t: [(q, v / 1000.0) for q, v in quantiles(h)] for t, h in hists.items()}
         now_ns = time.monotonic_ns()
         self.steps_served = {t: s.intervals for t, s in stats.items() if s.intervals}
-        idle = {t for t in watched if t not in stats or not stats[t].batches}
+        idle = {t for t in watched if t not in taken}
         waiting = self._waiting({t: watched[t] for t in idle}, now_ns) if idle else {}
 
         out: list[tuple[str, dict, float]] = []
         for trainer in sorted(set(watched) | set(stats)):
             s = stats.get(trainer) or _Counts()
-            labels = self.labels(pid=trainer)
-            if s.batches:
-                self.totals.add(trainer, s.batches)
-                out.append(("dataloader_batch_wait_ms", labels, s.wait_ns / s.batches / 1e6))
-            elif trainer in waiting:
-                out.append(("dataloader_batch_wait_ms", labels, waiting[trainer]))
-            if s.intervals:               # steps closed: at a batch, or where a wait began
-                out.append(("step_time_ms", dict(labels), s.interval_ns / s.intervals / 1e6))
-            elif not s.batches and trainer in waiting:
+            out.extend(self._means(trainer, s))
+            if trainer not in waiting:
+                continue
+            if not s.batches:
+                out.append(("dataloader_batch_wait_ms", self.labels(pid=trainer), waiting[trainer]))
+            if not s.intervals:
                 since = self._since_last(trainer, now_ns)
                 if since is not None:
-                    out.append(("step_time_ms", dict(labels), since))
+                    out.append(("step_time_ms", self.labels(pid=trainer), since))
         for trainer, total in self.totals.items():
             out.append(("dataloader_batches_total", self.labels(pid=trainer), total))
         return out

@@ -208,6 +208,23 @@ class ProbeManager:
         self.exited = exited
         return out
 
+    def collect_arrived(self, now: float) -> list[Sample]:
+        """Between two collects: what the running probes that give arrivals
+        (``collect_arrived``: the step signals) took since, labelled like
+        ``collect``'s samples. A probe whose call raises is failed the same way."""
+        out: list[Sample] = []
+        for name, probe in list(self._probes.items()):
+            arrived = getattr(probe, "collect_arrived", None)
+            if arrived is None or probe.status.state not in RUNNING:
+                continue
+            try:
+                out.extend(arrived(now))
+            except Exception as exc:
+                self._fail(name, probe, exc)
+        for _, labels, _ in out:
+            self.label_job(labels)
+        return out
+
     def _drain_exits(self) -> frozenset[int]:
         """The processes that exited since the last call, from every running
         probe with ``drain_exits``; one that raises is failed like a collect."""

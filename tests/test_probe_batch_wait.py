@@ -296,6 +296,44 @@ def test_batches_read_in_a_burst_are_spread_over_the_steps_that_take_them(probe)
     assert near(m["step"], m["job_step"]), m
 
 
+def test_arrivals_between_intervals_give_each_step_once_and_the_interval_no_partial_step(probe):
+    """The live loop takes the step signals every 0.1 s between two 1 s
+    collects (``collect_arrived``), here the last one just before the collect. A starved loop (a batch every ~60 ms, the
+    loop waiting for nearly all of it): the arrivals carry the steps as they
+    close, with the job's step time and wait; the interval's collect after
+    them reports only the steps closed since, never a partial 'wait so far'
+    for a loop that took batches in the interval (that would be a step time
+    below any real step's)."""
+    job = trainer("--item-ms", "30", "--step-ms", "5", "--batch", "4", seconds=8)
+    arrived, ticked = [], []
+    try:
+        pid = str(job.pid())
+        probe.collect(time.time())
+        while job.proc.poll() is None:
+            for _ in range(10):
+                time.sleep(0.1)
+                arrived.append([(n, v) for n, labels, v in probe.collect_arrived(time.time())
+                                if labels.get("pid") == pid])
+            time.sleep(0.002)          # the interval's collect just after an arrival: no batch since, mostly
+            ticked.append([(n, v) for n, labels, v in probe.collect(time.time()) if labels.get("pid") == pid])
+    finally:
+        job.kill()
+    steps = [s for s in job.events("step") if s["step_ms"] is not None][5:]
+    job_step = statistics.fmean(s["step_ms"] for s in steps)
+    job_wait = statistics.fmean(s["wait_ms"] - s["setup_ms"] for s in steps)
+    assert job_wait > 0.5 * job_step, (job_wait, job_step)          # starved indeed
+    arrived_steps = [v for pulled in arrived[10:] for n, v in pulled if n == "step_time_ms"]
+    arrived_waits = [v for pulled in arrived[10:] for n, v in pulled if n == "dataloader_batch_wait_ms"]
+    assert len(arrived_steps) >= 0.5 * len(arrived[10:]), "most arrivals carry a step"
+    assert all(n != "dataloader_batches_total" for pulled in arrived for n, _ in pulled), \
+        "counters and estimates are the interval's"
+    assert near(statistics.fmean(arrived_steps), job_step), (statistics.fmean(arrived_steps), job_step)
+    assert near(statistics.fmean(arrived_waits), job_wait), (statistics.fmean(arrived_waits), job_wait)
+    tick_steps = [v for pulled in ticked[1:] for n, v in pulled if n == "step_time_ms"]
+    assert all(v >= 0.5 * job_step for v in tick_steps), (tick_steps, job_step)
+    assert all(any(n == "dataloader_batches_total" for n, _ in pulled) for pulled in ticked[1:]), ticked
+
+
 @pytest.mark.parametrize("mode", ["new-workers", "new-fds", "persistent"])
 def test_new_epochs_keep_being_followed(probe, mode):
     """Epochs of ~2 s. Without persistent workers each epoch forks new workers

@@ -214,6 +214,9 @@ def build_parser() -> Parser:
                                 "unless asked); 'policy' honours each file's own mode")
             s.add_argument("--duration", type=_duration_arg, metavar="DURATION",
                            help="stop after this long (0: after one tick)")
+            s.add_argument("--arrivals", type=_duration_arg, default=0.2, metavar="DURATION",
+                           help="between two collections, take the step signals this often and evaluate the "
+                                "rules that read them as they arrive (default %(default)s; 0: only each interval)")
             s.add_argument("--replay", type=_path_arg, help="also replay signals from a JSONL file")
             s.add_argument("--promql-config", metavar="FILE",
                            help="also evaluate PromQL queries against Prometheus (docs/promql.md)")

@@ -252,7 +252,7 @@ def cmd_run(args) -> int:
         budget.start()
     try:
         summary = run_live(ctl, sources, clock, args.interval, args.duration, server, reloader=reloader,
-                           control=control)
+                           control=control, arrivals=args.arrivals if args.arrivals < args.interval else 0.0)
     finally:
         _set_hup(hup)
         if budget is not None:

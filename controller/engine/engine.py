@@ -273,20 +273,42 @@ class Controller:
             self._drift_checked = now
             self.check_drift()
         for slot in self.slots:
-            try:
-                if slot.targets.resolve_if_changed() or housekeeping:
-                    self._sync(slot, now, stop)
-            except Exception as exc:
-                self._contain(slot.policy.name, slot.rule.name, "*", exc, None)
-            for i, run in enumerate(list(slot.runs.values())):
-                if stop is not None and i % STOP_CHUNK == 0 and stop.is_set():
-                    return
-                try:
-                    self._drive(run, run.step(now, self._room), now)
-                except Exception as exc:
-                    self._contain(slot.policy.name, slot.rule.name, run.target_key, exc, run)
+            if not self._step_slot(slot, now, stop, housekeeping):
+                return
         self.metrics.active.set(self.active_count())
         self.metrics.targets.set(len(self.runs))
+
+    def arrived(self, now: float, signals: set[str], stop: threading.Event | None = None) -> int:
+        """Between two ticks, new samples of ``signals`` arrived: step the
+        rules that read one of them, as a tick would (the kill switch and the
+        limits looked at first), and no other. Returns the rules stepped."""
+        slots = [slot for slot in self.slots if not signals.isdisjoint(slot.targets.signals)]
+        if not slots:
+            return 0
+        self._watch_hold(now)
+        self._room = self.limits.room(now, self.hold)
+        for slot in slots:
+            if not self._step_slot(slot, now, stop, False):
+                break
+        self.metrics.active.set(self.active_count())
+        return len(slots)
+
+    def _step_slot(self, slot: RuleSlot, now: float, stop: threading.Event | None, sync: bool) -> bool:
+        """Step every run of ``slot`` (its targets synced first where they
+        changed, or with ``sync``); False once ``stop`` is set."""
+        try:
+            if slot.targets.resolve_if_changed() or sync:
+                self._sync(slot, now, stop)
+        except Exception as exc:
+            self._contain(slot.policy.name, slot.rule.name, "*", exc, None)
+        for i, run in enumerate(list(slot.runs.values())):
+            if stop is not None and i % STOP_CHUNK == 0 and stop.is_set():
+                return False
+            try:
+                self._drive(run, run.step(now, self._room), now)
+            except Exception as exc:
+                self._contain(slot.policy.name, slot.rule.name, run.target_key, exc, run)
+        return True
 
     def _sync(self, slot: RuleSlot, now: float, stop: threading.Event | None = None) -> None:
         """Start runs for fresh targets; retire silent ones that hold nothing."""

@@ -17,6 +17,15 @@ their files changed. With a ``control`` server (``control.py``) an operator's
 requests are carried out between two ticks too: the loop wakes for one as it
 arrives, so a ``pause`` or ``rollback`` waits for no tick.
 
+With ``arrivals`` (seconds, ``run --arrivals``), the loop also polls, that
+often between two ticks, the sources that give samples as they come
+(``poll_arrived``: the probes' step signals, the hooks' reports) and steps at
+once the rules that read what arrived (``Controller.arrived``), so a change
+point is acted on a step after the evidence, not an interval after it. The
+tick stays: it polls every source and steps every rule (time-based
+transitions, silence). At most ``1 / arrivals`` such passes a second, each
+over the rules that read what arrived.
+
 Example::
 
     run_live(controller, [ProbeSource(manager)], clock=WallClock(), interval=1.0)
@@ -30,6 +39,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import signal
 import threading
 
@@ -40,7 +50,8 @@ log = logging.getLogger("reflexarc.live")
 
 
 def run_live(controller, sources, clock, interval: float = 1.0, duration: float | None = None,
-             exporter=None, stop: threading.Event | None = None, reloader=None, control=None) -> dict:
+             exporter=None, stop: threading.Event | None = None, reloader=None, control=None,
+             arrivals: float = 0.0) -> dict:
     stop = stop or threading.Event()
     previous = {}
 
@@ -52,6 +63,17 @@ def run_live(controller, sources, clock, interval: float = 1.0, duration: float 
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, stopping)
     intake = Intake(controller.bus, controller.metrics)
+    arriving = [src for src in sources if hasattr(src, "poll_arrived")] if arrivals > 0 else []
+
+    def arrive(now: float) -> None:
+        names: set[str] = set()
+        for src in arriving:
+            samples = src.poll_arrived(now)
+            names.update(name for name, *_ in samples)
+            if not intake.take(src.name, samples, now, stop).complete:
+                break
+        if names:
+            controller.arrived(now, names, stop)
     start = due = clock.now()
     try:
         if exporter is not None:
@@ -71,7 +93,7 @@ def run_live(controller, sources, clock, interval: float = 1.0, duration: float 
                 reloader.poll(now)
             if duration is not None and now - start >= duration:
                 break
-            _wait(stop, control, due, clock)
+            _wait(stop, control, due, clock, arrive if arriving else None, arrivals)
     finally:
         notify("STOPPING=1")
         if control is not None:
@@ -89,15 +111,25 @@ def run_live(controller, sources, clock, interval: float = 1.0, duration: float 
     return controller.summary()
 
 
-def _wait(stop: threading.Event, control, due: float, clock) -> None:
+def _wait(stop: threading.Event, control, due: float, clock, arrive=None, every: float = 0.0) -> None:
     """Until the next tick is ``due``: with a control server, serve requests as
-    they come; stop early when asked to."""
-    if control is None:
-        stop.wait(max(0.0, due - clock.now()))
-        return
+    they come; with ``arrive``, call it every ``every`` seconds (not within
+    half of that of the tick, which polls everything); stop early when asked to."""
+    now = clock.now()
+    next_arrival = now + every if arrive is not None else math.inf
     while not stop.is_set():
-        control.serve()
-        left = due - clock.now()
-        if left <= 0:
+        if control is not None:
+            control.serve()
+        now = clock.now()
+        if now >= due:
             return
-        control.wait(left)
+        if now >= next_arrival:
+            if due - now > every / 2:
+                arrive(now)
+            next_arrival = now + every
+            continue
+        left = min(due, next_arrival) - now
+        if control is None:
+            stop.wait(left)
+        else:
+            control.wait(left)

@@ -210,22 +210,33 @@ class ProbeSource:
             self._exited = (self.manager.exited, now)
         if self.locality is not None:
             samples = samples + self._locality(now)
-        if self._served:
-            kept = []
-            for sample in samples:               # each sample has its own labels dict
-                name, labels, _ = sample
-                trainer = labels.get("trainer")
-                served = self._served.get(int(trainer)) if trainer else None
-                if served is not None and name in HOOK_STEP_SIGNALS:
-                    continue                     # the script reports it itself: its value wins
-                if served is not None:
-                    if "rank" not in labels:     # a rank discovery found wins
-                        labels["rank"] = served[0]
-                    if self._own_job(int(trainer)):
-                        labels["job"] = served[1]
-                kept.append(sample)
-            samples = kept
-        return samples
+        return self._with_hooks(samples)
+
+    def poll_arrived(self, now: float) -> list[tuple[str, dict, float]]:
+        """Between two polls: the step signals the probes took since
+        (``ProbeManager.collect_arrived``), treated as ``poll`` treats them."""
+        return self._with_hooks(self.manager.collect_arrived(now))
+
+    def _with_hooks(self, samples: list[tuple[str, dict, float]]) -> list[tuple[str, dict, float]]:
+        """``samples`` less the step signals of the processes whose scripts
+        report them through hooks, the others of those processes with the
+        rank (and the job, where discovery named none) their hooks give."""
+        if not self._served:
+            return samples
+        kept = []
+        for sample in samples:               # each sample has its own labels dict
+            name, labels, _ = sample
+            trainer = labels.get("trainer")
+            served = self._served.get(int(trainer)) if trainer else None
+            if served is not None and name in HOOK_STEP_SIGNALS:
+                continue                     # the script reports it itself: its value wins
+            if served is not None:
+                if "rank" not in labels:     # a rank discovery found wins
+                    labels["rank"] = served[0]
+                if self._own_job(int(trainer)):
+                    labels["job"] = served[1]
+            kept.append(sample)
+        return kept
 
     def _locality(self, now: float) -> list[tuple[str, dict, float]]:
         """The locality samples of the training processes discovery found that
@@ -306,6 +317,8 @@ class HookSource:
                 self._seen[key] = rec["ts"]
                 out.append((rec["name"], rec["labels"], rec["value"]))
         return out
+
+    poll_arrived = poll       # the scripts' latest reports, between two polls too
 
     def close(self) -> None:
         pass
