@@ -43,12 +43,19 @@
  *       training process reads several messages in one next(), keeping the
  *       early ones, and then takes them in the next steps without a syscall.
  *       So batches form groups, kept in a chain {anchor: the wait start of the
- *       group's first batch, last: its last read, batches, ref: the last step
- *       time it gave}. A batch whose wait began less than ref / BURST_DIV after
- *       the last read (the same next(), not a step later), while the group
- *       holds fewer batches than the trainer has workers (trainers[tgid]: no
- *       more can be early), joins the group. Any other wait closes it: the
- *       time from its anchor to this wait's start, divided among its batches,
+ *       group's first batch, last: its last read, batches, gap: the low
+ *       envelope of the time from a read to the next step's first poll, the
+ *       step's own work}. A batch whose wait began less than gap / BURST_DIV
+ *       after the last read (the same next(), not a step later), while the
+ *       group holds fewer batches than the trainer has workers
+ *       (trainers[tgid]: no more can be early), joins the group. The envelope
+ *       follows a shorter gap at once and a longer one by 1/8 of the
+ *       difference, so steps that alternate a long wait and none (a rank that
+ *       waits for its batches every other step, or for its peer in the
+ *       all-reduce) keep a step's work as the reference, not the longest
+ *       step; no group joins before the first gap is seen. Any other wait
+ *       closes it: the time from its anchor to this wait's start, divided
+ *       among its batches,
  *       is the step time of the steps that took them (stats adds the batches
  *       as intervals and the time as interval_ns), and a new group starts.
  *       A wait that cannot join (by the same test, made at its first poll of
@@ -87,7 +94,7 @@ struct watch_key { u32 tgid; u32 fd; };
 struct wait_mark { u64 ts; u32 fd; u32 pad; };
 /* intervals: batches of the groups closed (the steps they served); interval_ns: those groups' time */
 struct batch_stats { u64 batches; u64 wait_ns; u64 intervals; u64 interval_ns; };
-struct chain { u64 anchor; u64 last; u64 ref; u64 batches; };
+struct chain { u64 anchor; u64 last; u64 gap; u64 batches; };
 struct user_pollfd { s32 fd; s16 events; s16 revents; };   /* struct pollfd, <poll.h> */
 struct worker_comm { char comm[16]; };
 
@@ -115,18 +122,35 @@ static __always_inline int pick_chain(struct watch_key *k, struct chain *c)
     return 1;
 }
 
+/* A wait that began gap_ns after the chain's last read: part of its burst
+ * (the same next()) while the group has room. */
+static __always_inline int in_burst(struct chain *c, u64 gap_ns, u8 cap)
+{
+    return gap_ns * BURST_DIV < c->gap && c->batches < cap;
+}
+
+/* A step ended gap_ns after the chain's last read: the envelope of a step's
+ * own work follows a shorter one at once, a longer one by 1/8. */
+static __always_inline void learn_gap(struct chain *c, u64 gap_ns)
+{
+    if (!c->gap || gap_ns < c->gap)
+        c->gap = gap_ns;
+    else
+        c->gap += (gap_ns - c->gap) >> 3;
+}
+
 #if defined(POLL_SYSCALL) || defined(PPOLL_SYSCALL)
-/* A wait for the watched fd k begins at now. Where the chain's last batch was
- * read at least ref / BURST_DIV ago, the batch waited for cannot join its burst
- * (it will be read later still): the step ended here, so the group closes now
- * rather than when the batch arrives (a starved loop's step is counted where
- * it ended, not a wait later). Its read then opens the new group, anchored here. */
+/* A wait for the watched fd k begins at now. Where it cannot be part of the
+ * chain's burst (in_burst), the batch waited for will be read later still:
+ * the step ended here, so the group closes now rather than when the batch
+ * arrives (a starved loop's step is counted where it ended, not a wait
+ * later). Its read then opens the new group, anchored here. */
 static __always_inline void close_at_wait(struct watch_key *k, u64 now, u8 cap)
 {
     struct chain c = {};
     if (!pick_chain(k, &c) || !c.batches || !c.last || now <= c.last || now <= c.anchor)
         return;
-    if ((now - c.last) * BURST_DIV < c.ref && c.batches < cap)
+    if (in_burst(&c, now - c.last, cap))
         return;                       /* maybe a burst: the read decides */
     u64 span = now - c.anchor;
     struct batch_stats zero = {};
@@ -135,7 +159,7 @@ static __always_inline void close_at_wait(struct watch_key *k, u64 now, u8 cap)
         return;
     __sync_fetch_and_add(&s->intervals, c.batches);
     __sync_fetch_and_add(&s->interval_ns, span);
-    c.ref = span / c.batches;
+    learn_gap(&c, now - c.last);
     c.anchor = now;
     c.batches = 0;                    /* the batch waited for joins at its read */
     trainer_chain.update(&k->tgid, &c);
@@ -220,13 +244,14 @@ static __always_inline void advance(struct chain *c, u64 now, u64 start, u8 cap,
     *span = 0;
     if (!c->batches && c->anchor == start) {
         c->batches = 1;               /* the group closed when this wait began */
-    } else if (c->last && start >= c->last && (start - c->last) * BURST_DIV < c->ref && c->batches < cap) {
+    } else if (c->last && start >= c->last && in_burst(c, start - c->last, cap)) {
         c->batches += 1;
     } else {
         if (c->last && start > c->anchor && c->batches) {
             *served = c->batches;
             *span = start - c->anchor;
-            c->ref = *span / *served;
+            if (start >= c->last)
+                learn_gap(c, start - c->last);
         }
         c->anchor = start;
         c->batches = 1;

@@ -51,7 +51,8 @@ the job, rank and pod found for it are added like for the per-worker probes):
   several messages in one ``next()``, keeping the early ones, and takes them
   in the next steps without a syscall (two reads ~2-10 ms apart, then none for
   a step, with 2 workers on the testbed). So a batch whose wait began less
-  than ``1/BURST_DIV`` of the last step time after the previous read, while
+  than ``1/BURST_DIV`` of a step's own work (the low envelope of the time
+  from a read to the next step's first poll) after the previous read, while
   the group holds fewer batches than the process has workers, joins that
   group; the next wait closes it, and the time from the group's first wait to
   this one, divided among its batches, is the time of each step that took
@@ -130,7 +131,7 @@ from .probe import DEGRADED, OK, UNSUPPORTED, KernelFeatures, Probe, ProbeStatus
 
 POLL_SYSCALLS = ("poll", "ppoll")
 MAX_POLLFDS = 4          # pollfd entries searched per poll: multiprocessing polls one fd
-BURST_DIV = 4            # a batch read within 1/BURST_DIV of the last step time after the last batch joins its burst
+BURST_DIV = 4            # a wait begun within 1/BURST_DIV of a step's own work after the last read joins its burst
 RESCAN_S = 30.0          # full /proc scan for workers this often (new ones are seen by task_rename)
 NO_WORKER_GRACE_S = 10.0  # a training process without workers this long is no longer watched
 O_ACCMODE, O_RDONLY, O_WRONLY = 0o3, 0o0, 0o1
