@@ -106,7 +106,7 @@ CASES = [
     *[((*RUN, option, value), 2, option) for option, value in (
         ("--audit-sample", "nan"), ("--audit-sample", "-1"), ("--target-grace", "-5"), ("--target-grace", "inf"),
         ("--audit-max-mb", "0"), ("--audit-max-mb", "-1"), ("--audit-max-mb", "inf"), ("--audit-max-mb", "nan"),
-        ("--mode", "bogus"))],
+        ("--mode", "bogus"), ("--arrivals", "-1"), ("--arrivals", "nan"), ("--arrivals", "x"))],
     *[(args, 2, "empty path") for args in (
         ("validate", ""), ("validate", " "), ("test-policies", ""), ("report", "", "--out", "{state}/r"),
         ("report", "{audit}", "--out", ""), ("simulate", "numa-remote-worker", "--policy", ""),
@@ -122,7 +122,8 @@ CASES = [
         ("--fleet-max-nodes", "1.5"), ("--fleet-max-nodes", "x"), ("--fleet-max-percent", "0"),
         ("--fleet-max-percent", "101"), ("--fleet-max-percent", "nan"), ("--fleet-max-percent", "inf"),
         ("--fleet-max-percent", "x"), ("--fleet-ttl", "1"), ("--fleet-ttl", "2.5"), ("--fleet-ttl", "2h"),
-        ("--fleet-ttl", "nan"), ("--fleet-ttl", "x"), ("--fleet-prefix", ""), ("--fleet-prefix", "reflexarc"),
+        ("--fleet-ttl", "nan"), ("--fleet-ttl", "x"), ("--fleet-park-ttl", "1"), ("--fleet-park-ttl", "2d"),
+        ("--fleet-park-ttl", "x"), ("--fleet-prefix", ""), ("--fleet-prefix", "reflexarc"),
         ("--fleet-prefix", "/"), ("--fleet-prefix", "/a b"), ("--node-name", ""), ("--node-name", "a/b"),
         ("--node-name", "a b"))],
     ((*RUN, "--fleet-max-nodes", "2"), 1, "--fleet-max-nodes needs --fleet-etcd"),

@@ -244,7 +244,10 @@ def test_a_change_adopted_at_a_restart_takes_a_slot_again(tmp_path, etcd):
     finally:
         codes = [adopter.stop()] + ([other.stop()] if other is not None else [])
     assert codes[0] == 0, adopter.stderr()
-    assert slots(observer, prefix) == [], "the lease revoked at the stop"
+    assert adopter.knob.read_text().strip() == "0", "left applied at the stop, for the next start to adopt"
+    (kept,) = slots(observer, prefix)
+    assert json.loads(kept.value)["node"] == "adopter" and "parked" in json.loads(kept.value), kept
+    assert "stay taken for up to 3600 s" in adopter.stderr(), "the stop says it keeps the slot"
 
 
 # --- the budget itself, in this process --------------------------------------------------------------
@@ -263,6 +266,41 @@ def budgets(etcd):
     for b in made:
         b.stop()
 
+
+
+@pytest.mark.slow
+def test_a_stop_that_leaves_changes_applied_keeps_their_slots_until_the_node_is_back(etcd, budgets):
+    """Stopped with a change still applied, a node keeps its slot (moved to a
+    lease of its own), and only that one; started again it takes it back past
+    the queue; one it does not take back is freed once its adopted changes
+    hold theirs, and one whose node never returns frees with its lease."""
+    observer = EtcdStore(etcd.endpoints)
+
+    def held(pool: str) -> list[dict]:
+        return [json.loads(e.value) | {"lease": e.lease}
+                for e in observer.prefix(f"{budgets.prefix}/pools/{pool}/slots/")]
+
+    a = budgets("a", max_nodes=1, park_ttl=8)
+    key = a.take("p", "r/pid=1")
+    a.take("q", "r2/pid=2")
+    a.stop(keep={"r/pid=1", "not-held"})
+    (parked,) = held("p")
+    assert parked["node"] == "a" and "parked" in parked and parked["lease"], parked
+    assert held("q") == [], "a slot of a change undone at the stop is freed"
+    b = budgets("b", max_nodes=1, park_ttl=8)
+    assert reason_of(lambda: b.take("p", "x")) == "budget-full", "the parked slot still counts"
+    again = budgets("a", max_nodes=1, park_ttl=8)
+    assert again.take("p", "r/pid=1", ahead=True) == key, "its own slot back, past the node waiting for it"
+    (back,) = held("p")
+    assert back["lease"] == again.lease and "parked" not in back and back["holder"] == "r/pid=1", back
+    assert again.drop_parked() == 0
+    again.stop(keep={"r/pid=1"})
+    third = budgets("a", max_nodes=1, park_ttl=8)       # its change was reverted at this start: nothing takes it
+    assert third.drop_parked() == 1 and held("p") == [], "freed at once, not after the park lease"
+    b.take("p", "x")
+    b.stop(keep={"x"})                                  # a node that never comes back
+    assert [h["node"] for h in held("p")] == ["b"]
+    wait_until("the parked slot freed with its lease", lambda: held("p") == [], timeout=8 + 10)
 
 
 @pytest.mark.slow

@@ -115,6 +115,15 @@ def _ttl_arg(text: str) -> int:
     return int(value)
 
 
+def _park_ttl_arg(text: str) -> int:
+    """An argparse type: how long a stopped node's slots are kept, whole seconds from 2 to a day."""
+    from ..fleet.budget import MIN_TTL
+    value = _duration_arg(text)
+    if value != int(value) or not MIN_TTL <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a TTL: whole seconds from {MIN_TTL} to a day (86400)")
+    return int(value)
+
+
 def _key_prefix_arg(text: str) -> str:
     """An argparse type: an etcd key prefix, ``/`` and then a name (no spaces, no trailing ``/``)."""
     if not text.startswith("/") or text.rstrip("/") == "" or any(c.isspace() for c in text):

@@ -53,7 +53,8 @@ from ..policy.model import MODES
 from ..runtime.narrate import LOG_FORMATS, configure_logging
 from .act import actuators_help, cmd_act
 from .args import (_address_arg, _count_arg, _duration_arg, _endpoints_arg, _interval_arg, _key_prefix_arg,
-                   _node_name_arg, _path_arg, _percent_arg, _port_arg, _positive_count_arg, _size_mb_arg, _ttl_arg)
+                   _node_name_arg, _park_ttl_arg, _path_arg, _percent_arg, _port_arg, _positive_count_arg,
+                   _size_mb_arg, _ttl_arg)
 from .explain import cmd_explain
 from .fleet import cmd_fleet
 from .jobs import cmd_jobs
@@ -259,6 +260,9 @@ def build_parser() -> Parser:
             fleet.add_argument("--fleet-ttl", type=_ttl_arg, default=15, metavar="SECONDS",
                                help="the node's lease: a dead node's slots are free this long after its last "
                                     "renewal (default %(default)s)")
+            fleet.add_argument("--fleet-park-ttl", type=_park_ttl_arg, default=3600, metavar="DURATION",
+                               help="a stop that leaves changes applied keeps their slots this long, until the "
+                                    "node starts again and takes them back (default %(default)s s)")
             fleet.add_argument("--fleet-prefix", type=_key_prefix_arg, default="/reflexarc", metavar="PREFIX",
                                help="the etcd keys of this fleet (default %(default)s)")
             _fleet_tls_args(fleet)

@@ -114,7 +114,8 @@ def _fleet_budget(args, policies, override, node: str):
                        "enforcing policy with a rollout or a budget")
     from ..fleet.budget import FleetBudget
     return FleetBudget(_fleet_store(args), node, max_nodes=args.fleet_max_nodes,
-                       max_percent=args.fleet_max_percent, ttl=args.fleet_ttl, prefix=args.fleet_prefix)
+                       max_percent=args.fleet_max_percent, ttl=args.fleet_ttl, prefix=args.fleet_prefix,
+                       park_ttl=args.fleet_park_ttl)
 
 
 def _reconcile(executor, journal) -> list:
@@ -256,7 +257,7 @@ def cmd_run(args) -> int:
     finally:
         _set_hup(hup)
         if budget is not None:
-            budget.stop()         # the lease revoked: the node's slots are free at once
+            budget.stop(keep=ctl.executor.slot_holders())   # the lease revoked; the changes left applied keep theirs
     journal.close()
     print(json.dumps({k: v for k, v in summary.items() if k != "states"}, sort_keys=True))
     print(f"audit: {audit_path}")

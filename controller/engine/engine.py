@@ -484,8 +484,10 @@ class Controller:
                              target=run.target_key, target_labels=run.labels, values=evaluated.evidence())
 
     def _hold_adopted(self) -> None:
-        """Slots for the changes a restart adopted; one it cannot get yet is
-        logged and audited once (a ``limit`` record) and asked again each pass."""
+        """Slots for the changes a restart adopted (the slots parked at the
+        last stop first); one it cannot get yet is logged and audited once (a
+        ``limit`` record) and asked again each pass. Once none is missing, the
+        parked slots nothing took back are freed."""
         budgets = {p.name: (p.budget, p.selector.one_job()) for p in self.policies}
         missed = self.executor.hold_adopted(budgets)
         for entry, why in missed:
@@ -498,6 +500,11 @@ class Controller:
                              target=Change.from_dict(entry.change).target.key(), reason="fleet_budget",
                              journal_id=entry.id, note=f"adopted without a slot: {why}")
         self.unslotted &= {entry.id for entry, _ in missed}
+        if not missed:             # every adopted change holds its slot: the parked ones left were reverted
+            dropped = self.budget.drop_parked()
+            if dropped:
+                log.info("fleet budget: %d slot(s) parked at the last stop freed (their changes were reverted "
+                         "at the start)", dropped)
 
     def _limited(self, run: RuleRun, reason: str) -> None:
         self.metrics.limited.labels(run.policy.name, run.rule.name, reason).inc()

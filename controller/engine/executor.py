@@ -403,6 +403,11 @@ class Executor:
         """Close a journal entry without reverting (``kept`` for rollback: never)."""
         self._record(journal_id, state)
 
+    def slot_holders(self) -> set[str]:
+        """The holders of the fleet slots of changes still open (applied):
+        after a shutdown, those of the changes it leaves applied."""
+        return set(self._slots.values())
+
     def hold_adopted(self, budgets: dict[str, tuple[BudgetSpec | None, str | None]]) -> list[tuple[Entry, str]]:
         """A fleet slot, past the queue, for each change a restart adopted
         (open in the journal, applied, ``on_restart: adopt``) that holds none:

@@ -24,6 +24,15 @@ ahead in the queue goes first (the first ``free`` waiters may take the
 the same node (another rule, another target) shares it, and the slot is
 given back when its last holder gives it back.
 
+A node that stops with changes still applied (rollbacks that keep them
+until the next start adopts or reverts them) keeps their slots: ``stop(keep=...)``
+moves each such slot to a lease of its own, ``park_ttl`` seconds long, before
+it revokes the node's lease. The slot's value says ``parked``. Started again,
+the node takes its parked slots back (``take`` of that pool, past the queue
+and the limit: the change was never undone) and, once the changes it adopted
+hold their slots, deletes the parked ones nothing claimed (``drop_parked``).
+A node that does not come back frees them when their lease runs out.
+
 The lease is renewed every TTL/3 by a thread. A lease that ran out (the store
 unreachable for longer than the TTL) is counted in ``lost``; the node registers
 again and takes its held slots back, ahead of the queue (its changes are
@@ -43,6 +52,7 @@ Example::
     budget.give_back("r/pid=42")
     budget.held()                                   # {"policy:...": ["r/pid=42"]}
     budget.stop()                                   # revokes the lease: every slot it held is free
+    budget.stop(keep={"r/pid=42"})                  # ... but this holder's slot, parked until it starts again
 
 Overhead: idle, one keep-alive request per TTL/3 (12 a minute at TTL 15);
 ``take`` 2-3 requests (one a transaction), ``give_back`` one transaction.
@@ -63,6 +73,7 @@ log = logging.getLogger("reflexarc.fleet")
 
 WAITER_FRESH_S = 25.0      # a waiting entry not renewed for this long is passed over
 MIN_TTL = 2                # etcd's own floor is ~1.5 s (its election timeout x 1.5)
+PARK_TTL = 3600            # a stopped node's slots of changes left applied are kept this long (s)
 REASONS = ("budget-full", "store-unreachable", "store-error")
 CLAIM_ROUNDS = 3           # reads and transactions tried when another node takes the slot first
 
@@ -85,18 +96,18 @@ class _Slot:
 
 class FleetBudget:
     def __init__(self, store: EtcdStore, node: str, max_nodes: int | None = None, max_percent: float | None = None,
-                 ttl: int = 15, prefix: str = "/reflexarc", wall=time.time) -> None:
+                 ttl: int = 15, prefix: str = "/reflexarc", wall=time.time, park_ttl: int = PARK_TTL) -> None:
         if max_nodes is not None and max_nodes < 1:
             raise ValueError("max_nodes must be >= 1")
         if max_percent is not None and not 0 < max_percent <= 100:
             raise ValueError("max_percent must be > 0 and <= 100")
         if not node or "/" in node:
             raise ValueError(f"node name {node!r}: not empty, no '/'")
-        if int(ttl) < MIN_TTL:
-            raise ValueError(f"ttl must be >= {MIN_TTL} s")
+        if int(ttl) < MIN_TTL or int(park_ttl) < MIN_TTL:
+            raise ValueError(f"ttl and park_ttl must be >= {MIN_TTL} s")
         self.store, self.node = store, node
         self.max_nodes, self.max_percent = max_nodes, max_percent
-        self.ttl = int(ttl)
+        self.ttl, self.park_ttl = int(ttl), int(park_ttl)
         self.prefix = prefix.rstrip("/")
         self._wall = wall
         self.lease: int | None = None
@@ -104,6 +115,8 @@ class FleetBudget:
         self._slots: dict[str, _Slot] = {}
         self._pool_of: dict[str, str] = {}
         self._unreleased: list[str] = []     # slot keys given back while the store did not answer
+        self._parked: dict[str, Entry] = {}  # pool -> the slot this node parked when it last stopped
+        self._looked_for_parked = False
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -165,14 +178,17 @@ class FleetBudget:
         self._thread = threading.Thread(target=self._keep_alive, name="reflexarc-fleet-lease", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, keep=()) -> None:
         """Stop renewing and revoke the lease: the node key and every slot it
-        held are gone at once (not after the TTL)."""
+        held are gone at once (not after the TTL), but the slots of the
+        holders in ``keep`` (changes that stay applied), parked first."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
         with self._lock:
+            if self.lease is not None:
+                self._park({self._pool_of[h] for h in keep if h in self._pool_of})
             lease, self.lease = self.lease, None
             self._slots.clear()
             self._pool_of.clear()
@@ -185,10 +201,68 @@ class FleetBudget:
                             exc, self.ttl)
         self.store.close()
 
+    def _park(self, pools: set[str]) -> None:
+        """Move the slots of ``pools`` to a lease of ``park_ttl`` seconds of
+        their own, so that they outlive the node's lease."""
+        slots = [(pool, self._slots[pool]) for pool in sorted(pools) if self._slots[pool].key is not None]
+        if not slots:
+            return
+        try:
+            park = self.store.grant(self.park_ttl)
+            for pool, slot in slots:
+                value = json.dumps({"node": self.node, "holder": next(iter(sorted(slot.holders)), ""),
+                                    "parked": round(self._wall(), 3)})
+                if not self.store.move(slot.key, value, self.lease, park):
+                    log.warning("fleet budget: slot %s was no longer %s's: not parked", slot.key, self.node)
+        except (StoreUnavailable, StoreError) as exc:
+            log.warning("fleet budget: the slots of the changes left applied could not be parked (%s); they free "
+                        "themselves within %d s", exc, self.ttl)
+            return
+        log.warning("fleet budget: %d slot(s) of changes left applied stay taken for up to %d s, until %s starts "
+                    "again (%s)", len(slots), self.park_ttl, self.node, ", ".join(pool for pool, _ in slots))
+
+    def _find_parked(self) -> dict[str, Entry]:
+        """The slots this node parked when it last stopped, by pool."""
+        found = {}
+        pools = f"{self.prefix}/pools/"
+        for e in self.store.prefix(pools):
+            pool, _, rest = e.key[len(pools):].rpartition("/slots/")
+            if not pool or not rest.isdigit():
+                continue
+            try:
+                value = json.loads(e.value)
+            except ValueError:
+                continue
+            if isinstance(value, dict) and value.get("node") == self.node and "parked" in value:
+                found[pool] = e
+        return found
+
+    def drop_parked(self) -> int:
+        """Free the parked slots nothing took back (their changes were reverted
+        at the start, or are gone); how many. A store that does not answer
+        leaves them to their lease."""
+        with self._lock:
+            dropped = 0
+            for pool, entry in list(self._parked.items()):
+                try:
+                    dropped += self.store.delete_if_leased(entry.key, entry.lease)
+                except (StoreUnavailable, StoreError):
+                    continue
+                del self._parked[pool]
+            return dropped
+
     def _register(self) -> None:
         lease = self.store.grant(self.ttl)
         self.store.put(self.node_key, json.dumps({"since": round(self._wall(), 3), "ttl": self.ttl}), lease)
         self.lease = lease
+        self._look_for_parked()
+
+    def _look_for_parked(self) -> None:
+        """Once registered, the first time the store answers: the slots this
+        node parked when it last stopped."""
+        if not self._looked_for_parked:
+            self._parked = self._find_parked()
+            self._looked_for_parked = True
 
     def _keep_alive(self) -> None:
         while not self._stop.wait(self.ttl / 3):
@@ -205,6 +279,7 @@ class FleetBudget:
                 if not alive and self.lease == lease:      # not registered again meanwhile by a take
                     self._lease_lost()
                 else:
+                    self._look_for_parked()
                     self._retake(only_unbacked=True)
                 self._release_pending()
             if self._outage:
@@ -283,6 +358,13 @@ class FleetBudget:
         slot it held)."""
         lease = self.lease
         self.why_full = ""
+        parked = self._parked.get(pool)
+        if parked is not None:                    # its own, kept while it was stopped: taken back as it is
+            value = json.dumps({"node": self.node, "holder": holder, "since": round(self._wall(), 3)})
+            moved = self.store.move(parked.key, value, parked.lease, lease)
+            del self._parked[pool]                # taken, or freed (its lease ran out) or taken by another since
+            if moved:
+                return parked.key
         for _ in range(CLAIM_ROUNDS):
             share = spec.max_percent if spec is not None else self.max_percent
             live = self.store.count(f"{self.prefix}/nodes/") if share is not None else 0

@@ -17,8 +17,8 @@ attempt its timeout, ``TIMEOUT_S`` (1 s): endpoints + 1 seconds in all.
 
 Every write that decides something is a transaction, so a call retried after a
 lost answer cannot do it twice: ``create`` compares the key's create revision
-with 0 (it does not exist yet) and ``delete_if_leased`` the key's lease with
-the caller's. ``grant`` retried may leave one lease unused; it expires with its TTL.
+with 0 (it does not exist yet), ``delete_if_leased`` and ``move`` the key's
+lease with the caller's. ``grant`` retried may leave one lease unused; it expires with its TTL.
 
 etcd 3.4 (Debian 12's ``etcd-server``, 3.4.23) serves the gateway under both
 ``/v3/`` and the deprecated ``/v3beta/`` (gone in 3.5); this module asks ``/v3/``,
@@ -273,6 +273,15 @@ class EtcdStore:
         wrote since is left alone); whether it did."""
         txn = {"compare": [{"key": _b64(key), "result": "EQUAL", "target": "LEASE", "lease": lease}],
                "success": [{"request_delete_range": {"key": _b64(key)}}], "failure": []}
+        return bool(self._post("/kv/txn", txn).get("succeeded", False))
+
+    def move(self, key: str, value: str, held_by: int, lease: int) -> bool:
+        """Rewrite ``key`` with ``value`` under ``lease``, only while it is
+        held by ``held_by`` (a key freed or taken since is left alone); whether
+        it did."""
+        txn = {"compare": [{"key": _b64(key), "result": "EQUAL", "target": "LEASE", "lease": held_by}],
+               "success": [{"request_put": {"key": _b64(key), "value": _b64(value), "lease": lease}}],
+               "failure": []}
         return bool(self._post("/kv/txn", txn).get("succeeded", False))
 
     def prefix(self, prefix: str) -> list[Entry]:
