@@ -304,6 +304,42 @@ def test_a_stop_that_leaves_changes_applied_keeps_their_slots_until_the_node_is_
 
 
 @pytest.mark.slow
+def test_a_share_of_the_jobs_own_nodes_counts_the_nodes_that_registered_the_job(etcd, budgets):
+    """``of: job``: 50 % of the nodes that run the job, not of the fleet.
+    Two nodes run llama and two run another job: llama's pool has one slot
+    (of the fleet's four it would have two). A node that no longer runs the
+    job unregisters it at its next renewal, and a job seen on no node yet
+    counts the node that asks."""
+    observer = EtcdStore(etcd.endpoints)
+    on = {"a": ["llama"], "b": ["llama"], "c": ["other"], "d": ["other"]}
+    later = [0.0]                                        # seconds added to node b's clock
+    nodes = {n: budgets(n, jobs=lambda n=n: on[n], wall=lambda: time.time() + later[0]) for n in "abcd"}
+    for b in nodes.values():
+        b.renew()                                          # the keep-alive registers the jobs it runs
+    assert observer.count(f"{budgets.prefix}/jobs/llama/") == 2
+    of_job = BudgetSpec(max_percent=50, per="job", of="job")
+    llama = of_job.pool("p", {"job": "llama"})
+    nodes["a"].take(llama, "r/pid=1", of_job)
+    assert reason_of(lambda: nodes["b"].take(llama, "r/pid=2", of_job)) == "budget-full"
+    assert "50 % of the 2 node(s) running the job" in nodes["b"].why_full
+    of_fleet = BudgetSpec(max_percent=50, per="job")
+    nodes["b"].take(of_fleet.pool("q", {"job": "llama"}), "r/pid=2", of_fleet)   # 50 % of 4: two slots
+    on["b"] = []
+    nodes["b"].renew()
+    assert [e.key.rsplit("/", 1)[1] for e in observer.prefix(f"{budgets.prefix}/jobs/llama/")] == ["a", "b"], \
+        "b still holds a slot of llama's pool q: it still counts"
+    nodes["b"].give_back("r/pid=2")
+    nodes["b"].renew()
+    assert observer.count(f"{budgets.prefix}/jobs/llama/") == 2, "b asked for a slot of llama's: it waits for one"
+    later[0] = 30.0                                      # past WAITER_FRESH_S: it stopped asking
+    nodes["b"].renew()
+    assert [e.key.rsplit("/", 1)[1] for e in observer.prefix(f"{budgets.prefix}/jobs/llama/")] == ["a"]
+    fresh = of_job.pool("p", {"job": "new job/x"})
+    assert nodes["c"].take(fresh, "r/pid=3", of_job)
+    assert observer.count(f"{budgets.prefix}/jobs/new%20job%2Fx/") == 1, "the asking node counts itself"
+
+
+@pytest.mark.slow
 def test_one_slot_per_node_in_a_pool(etcd, budgets):
     a, b, c = (budgets(n, max_nodes=2) for n in "abc")
     observer = EtcdStore(etcd.endpoints)
@@ -529,6 +565,9 @@ def _budget_policy(budget: str, by: str = "[job, rank]", selector: str = "") -> 
     ("{max_nodes: 0}", "[job]", 25, "'max_nodes' must be >= 1"),
     ("{max_percent: '150%'}", "[job]", 27, "'max_percent' of 150 % is not > 0 % and <= 100 %"),
     ("{max_nodes: 2, per: jobs}", "[job]", 33, "'per' 'jobs' is not valid"),
+    ("{max_nodes: 2, per: job, of: job}", "[job]", 42, "'of: job' is a share of each job's own nodes: it needs"),
+    ("{max_percent: 5, of: job}", "[job]", 34, "it needs per: job and max_percent"),
+    ("{max_percent: 5, per: job, of: nodes}", "[job]", 44, "'of' 'nodes' is not valid"),
     ("{max_nodes: 1, per: job}", "[rank]", 33, "a per-job budget needs each change's job, and rule(s) r make "
                                                "targets without one"),
 ])
@@ -550,6 +589,11 @@ def test_a_good_budget_loads_and_a_per_job_one_may_take_the_selectors_job(tmp_pa
     path.write_text(_budget_policy("{max_percent: 5, per: job}"))        # of the fleet, in each job's pool
     (policy,), diagnostics = validate_paths([str(path)])
     assert not [d for d in diagnostics if d.is_error] and policy.budget == BudgetSpec(max_percent=5.0, per="job")
+    path.write_text(_budget_policy("{max_percent: 25%, per: job, of: job}"))   # of the nodes that run the job
+    (policy,), diagnostics = validate_paths([str(path)])
+    assert not [d for d in diagnostics if d.is_error], diagnostics
+    assert policy.budget == BudgetSpec(max_percent=25.0, per="job", of="job")
+    assert policy.budget.describe() == "at most 25 % of the job's nodes at once per job"
 
 
 def test_an_enforcing_budget_without_a_fleet_store_does_not_start(cli, tmp_path):

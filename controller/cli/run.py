@@ -228,6 +228,8 @@ def cmd_run(args) -> int:
             logging.getLogger("reflexarc.probes").info("%s: %s", name, status)
         config.deep_tier = manager
         registry.discard("deep_tracing")     # built without the deep tier if the reconcile used it
+        if budget is not None:               # the jobs it found: a per-job share counts the nodes that run each
+            budget.jobs = lambda: [job.name for job in manager.jobs]
         from reflexarc.bpf.device_locality import DeviceLocality
         sources.append(ProbeSource(manager, hook_dir=str(hook_dir) if hook_dir.is_dir() else None, bus=bus,
                                    locality=DeviceLocality(proc_root=args.proc_root, sys_root=args.sys_root)))

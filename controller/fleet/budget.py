@@ -8,6 +8,9 @@ Keys, under ``prefix`` (``/reflexarc``):
 - ``pools/<pool>/slots/<i>``: slot ``i`` of the pool is taken (value: the node,
   the holder that took it and when), with the node's lease, so a dead node's
   slots free themselves when its lease runs out;
+- ``jobs/<job>/<node>``: the node runs the job (the jobs it found, given as
+  ``jobs``, and the job of every per-job pool it takes a slot in), with its
+  lease: a per-job share (``of: job``) is of these keys;
 - ``pools/<pool>/waiting/<node>``: the node wants a slot. The waiters form a
   queue by create revision (a renewal keeps its place), so every node is
   served in turn; a waiter not renewed for ``WAITER_FRESH_S`` (it stopped
@@ -65,7 +68,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from reflexarc.core.budget import BudgetSpec, limit
+from reflexarc.core.budget import BudgetSpec, job_of_pool, limit, quote_job
 
 from .store import LEASE_GONE, Entry, EtcdStore, StoreError, StoreUnavailable
 
@@ -96,7 +99,8 @@ class _Slot:
 
 class FleetBudget:
     def __init__(self, store: EtcdStore, node: str, max_nodes: int | None = None, max_percent: float | None = None,
-                 ttl: int = 15, prefix: str = "/reflexarc", wall=time.time, park_ttl: int = PARK_TTL) -> None:
+                 ttl: int = 15, prefix: str = "/reflexarc", wall=time.time, park_ttl: int = PARK_TTL,
+                 jobs=None) -> None:
         if max_nodes is not None and max_nodes < 1:
             raise ValueError("max_nodes must be >= 1")
         if max_percent is not None and not 0 < max_percent <= 100:
@@ -116,6 +120,9 @@ class FleetBudget:
         self._pool_of: dict[str, str] = {}
         self._unreleased: list[str] = []     # slot keys given back while the store did not answer
         self._parked: dict[str, Entry] = {}  # pool -> the slot this node parked when it last stopped
+        self.jobs = jobs                    # () -> the names of the jobs on this node now, or None
+        self._registered_jobs: set[str] = set()   # quoted names with a jobs/ key under the lease
+        self._asked_jobs: dict[str, float] = {}   # quoted name -> when a per-job share of it was last asked
         self._looked_for_parked = False
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -136,6 +143,9 @@ class FleetBudget:
 
     def waiting_key(self, pool: str) -> str:
         return f"{self.pool_prefix(pool)}waiting/{self.node}"
+
+    def job_prefix(self, quoted_job: str) -> str:
+        return f"{self.prefix}/jobs/{quoted_job}/"
 
     @property
     def limited(self) -> bool:
@@ -255,6 +265,7 @@ class FleetBudget:
         lease = self.store.grant(self.ttl)
         self.store.put(self.node_key, json.dumps({"since": round(self._wall(), 3), "ttl": self.ttl}), lease)
         self.lease = lease
+        self._registered_jobs.clear()             # the old lease took its job keys with it
         self._look_for_parked()
 
     def _look_for_parked(self) -> None:
@@ -280,6 +291,7 @@ class FleetBudget:
                     self._lease_lost()
                 else:
                     self._look_for_parked()
+                    self._sync_jobs()
                     self._retake(only_unbacked=True)
                 self._release_pending()
             if self._outage:
@@ -300,6 +312,26 @@ class FleetBudget:
             self.lease = None
         self._register()
         self._retake(only_unbacked=False)
+
+    def _sync_jobs(self, also: str | None = None) -> None:
+        """Register the jobs this node runs now (``jobs``, and ``also``, a
+        quoted name) under its lease, and unregister those it no longer runs
+        and holds no per-job slot for."""
+        if self.jobs is None and also is None or self.lease is None:
+            return
+        now = self._wall()
+        if also:
+            self._asked_jobs[also] = now
+        self._asked_jobs = {job: t for job, t in self._asked_jobs.items() if now - t <= WAITER_FRESH_S}
+        want = {quote_job(j) for j in (self.jobs() if self.jobs is not None else ()) if j}
+        want |= {job for job in map(job_of_pool, self._slots) if job} | set(self._asked_jobs)
+        for job in sorted(want - self._registered_jobs):
+            self.store.put(self.job_prefix(job) + self.node, json.dumps({"since": round(self._wall(), 3)}),
+                           self.lease)
+            self._registered_jobs.add(job)
+        for job in sorted(self._registered_jobs - want):
+            self.store.delete_if_leased(self.job_prefix(job) + self.node, self.lease)
+            self._registered_jobs.discard(job)
 
     def _retake(self, only_unbacked: bool) -> None:
         for pool, slot in self._slots.items():
@@ -365,9 +397,13 @@ class FleetBudget:
             del self._parked[pool]                # taken, or freed (its lease ran out) or taken by another since
             if moved:
                 return parked.key
+        job = job_of_pool(pool) if spec is not None and spec.of == "job" else None
+        if job is not None:
+            self._sync_jobs(also=job)             # this node runs the job: it counts among its nodes
         for _ in range(CLAIM_ROUNDS):
             share = spec.max_percent if spec is not None else self.max_percent
-            live = self.store.count(f"{self.prefix}/nodes/") if share is not None else 0
+            counted = self.job_prefix(job) if job is not None else f"{self.prefix}/nodes/"
+            live = self.store.count(counted) if share is not None else 0
             limit = self.limit(live, spec)
             entries = self.store.prefix(self.pool_prefix(pool))
             taken, waiters = set(), []
@@ -385,7 +421,8 @@ class FleetBudget:
             waiters.sort(key=lambda e: e.created)
             ahead = next((n for n, e in enumerate(waiters) if e.key == self.waiting_key(pool)), len(waiters))
             if queue and ahead >= len(free) or not free:
-                self.why_full = (f"{len(taken)} slot(s) taken, the limit {limit}" if not free else
+                of_job = f" ({share:g} % of the {live} node(s) running the job)" if job is not None else ""
+                self.why_full = (f"{len(taken)} slot(s) taken, the limit {limit}{of_job}" if not free else
                                  f"{len(free)} slot(s) free, {ahead} node(s) ahead in the queue")
                 break
             self.why_full = f"another node took slot {free[0]} first"

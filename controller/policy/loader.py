@@ -42,7 +42,7 @@ from reflexarc.core.ports import EXAMPLE as PORT_EXAMPLE
 from reflexarc.core.ports import port_range
 from reflexarc.core.procfs import TASK_COMM_LEN
 from reflexarc.core.rates import RateError, parse_rate
-from reflexarc.core.budget import PER, BudgetSpec, parse_percent
+from reflexarc.core.budget import OF, PER, BudgetSpec, parse_percent
 from reflexarc.core.rollout import RolloutSpec, parse_stage, parse_success_rate
 from reflexarc.core.signals import LABEL_VALUES
 from reflexarc.core.yaml_reader import MAX_INT, MAX_INT_TEXT, YamlReader, position
@@ -351,9 +351,14 @@ class _FileReader(YamlReader):
                                                  lambda value: parse_percent(value, "'max_percent'"))
         if "per" in fields:
             values["per"] = self._choice(fields["per"][1], "'per'", PER)
+        if "of" in fields:
+            values["of"] = self._choice(fields["of"][1], "'of'", OF)
         if not {"max_nodes", "max_percent"} & set(fields):
             self.error(node, "a budget needs max_nodes, max_percent or both, e.g. budget: {max_nodes: 2}")
             return None
+        if values.get("of") == "job" and (values.get("per") != "job" or "max_percent" not in fields):
+            self.error(fields["of"][1], "'of: job' is a share of each job's own nodes: it needs per: job and "
+                                        "max_percent, e.g. budget: {max_percent: '25%', per: job, of: job}")
         if values.get("per") == "job":
             jobless = [r.name for r in _changing_rules(policy) if "job" not in r.by]
             if jobless and policy.selector.one_job() is None:

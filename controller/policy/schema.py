@@ -35,7 +35,7 @@ from reflexarc.core.durations import EXAMPLES as DURATION_EXAMPLES
 from reflexarc.core.params import MAX_CPUS, ActuatorSpec, ParamSpec
 from reflexarc.core.ports import MAX_PORT, PORT_RANGE_PATTERN
 from reflexarc.core.rates import PATTERN as RATE_PATTERN
-from reflexarc.core.budget import PER, PERCENT_PATTERN
+from reflexarc.core.budget import OF, PER, PERCENT_PATTERN
 
 from ..signals.catalogue import CATALOGUE
 from ..signals.producers import REQUIREMENTS
@@ -85,10 +85,12 @@ SECTIONS: dict[str, Section] = {
     }, required=("name", "rules")),
     "budget": Section({
         "max_nodes": "At most this many nodes at once (>= 1).",
-        "max_percent": "At most this share of the fleet's live nodes at once, rounded up, at least 1, e.g. "
-                       "'10%' (per job too: of the fleet, not of the job's nodes).",
+        "max_percent": "At most this share of the live nodes at once, rounded up, at least 1, e.g. '10%': of "
+                       "the fleet's, or with of: job of the nodes that run the job.",
         "per": "policy (default): one pool for the whole fleet; job: one pool per job, the target's job "
                "label or the one job the selector names.",
+        "of": "fleet (default): max_percent is a share of the fleet's live nodes; job (with per: job): of the "
+              "nodes that run the job, as they register it in the fleet store.",
     }),
     "rollout": Section({
         "stages": "How many nodes may enforce the policy, stage by stage: a count (1), a share of the live "
@@ -419,6 +421,7 @@ def build_schema() -> dict:
             "max_percent": {"anyOf": [{"type": "string", "pattern": PERCENT_PATTERN},
                                       {"type": "number", "exclusiveMinimum": 0, "maximum": 100}]},
             "per": {"enum": list(PER), "default": "policy"},
+            "of": {"enum": list(OF), "default": "fleet"},
         }, SECTIONS["policy"].keys["budget"]),
     }, "One policy.")
     selector = _closed("selector", {
