@@ -344,6 +344,8 @@ FLEET_ETCD = {"fleet": {"etcd": {"deploy": True}, "maxNodes": 5, "maxPercent": 1
 FLEET_ENDPOINTS = {"fleet": {"endpoints": ETCD_MEMBERS, "maxPercent": 10}}
 TLS_MEMBERS = [u.replace("http://", "https://") for u in ETCD_MEMBERS]
 FLEET_TLS = {"fleet": {"endpoints": TLS_MEMBERS, "maxNodes": 3, "tls": {"secretName": "fleet-etcd-client"}}}
+FLEET_ETCD_TLS = {"fleet": {"etcd": {"deploy": True, "tls": {"secretName": "fleet-etcd-members"}}, "maxNodes": 2,
+                            "tls": {"secretName": "fleet-etcd-client"}}}
 FLEET_ETCD_EMPTYDIR = {"fleet": {"maxNodes": 2, "etcd": {
     "deploy": True, "replicas": 5, "storage": {"emptyDir": True}, "priorityClassName": "system-cluster-critical",
     "image": {"digest": "sha256:" + "cd" * 32}, "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
@@ -358,7 +360,7 @@ def _container(objs) -> dict:
 
 def test_chart_lints_clean(tmp_path):
     helm = _helm()
-    for values in (None, FLEET_ETCD, FLEET_ETCD_EMPTYDIR):
+    for values in (None, FLEET_ETCD, FLEET_ETCD_EMPTYDIR, FLEET_ETCD_TLS):
         report = helm.lint(str(CHART), values, strict=True, kube_version="v1.30.0")
         assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
     broken = tmp_path / "reflexarc"
@@ -369,9 +371,10 @@ def test_chart_lints_clean(tmp_path):
     assert report["errors"] or [m for m in report["messages"] if m["severity"] >= 2], report
 
 
-@pytest.mark.parametrize("values", [None, FULL, FLEET_ETCD, FLEET_ENDPOINTS, FLEET_ETCD_EMPTYDIR, FLEET_TLS],
+@pytest.mark.parametrize("values", [None, FULL, FLEET_ETCD, FLEET_ENDPOINTS, FLEET_ETCD_EMPTYDIR, FLEET_TLS,
+                                    FLEET_ETCD_TLS],
                          ids=["defaults", "every-option", "fleet-etcd", "fleet-endpoints", "fleet-etcd-emptydir",
-                              "fleet-tls"])
+                              "fleet-tls", "fleet-etcd-tls"])
 def test_chart_renders_valid_kubernetes_objects(values):
     kv = _kv()
     objs = _objects(values)
@@ -697,11 +700,17 @@ def test_chart_etcd_members_name_each_other_and_the_controllers_name_them():
     ({"fleet": {"ttl": 30}}, "fleet.ttl needs an etcd"),
     ({"fleet": {"prefix": "/a100"}}, "fleet.prefix needs an etcd"),
     ({"fleet": {"etcd": {"deploy": True}, "tls": {"secretName": "s"}}},
-     "fleet.tls.secretName is for an existing etcd that serves https:// (fleet.endpoints)"),
+     "fleet.tls.secretName is for an etcd that serves https://: an existing one (fleet.endpoints), or the chart's "
+     "own with fleet.etcd.tls.secretName"),
+    ({"fleet": {"etcd": {"deploy": True, "tls": {"secretName": "m"}}, "maxNodes": 1}},
+     "fleet.etcd.tls.secretName makes the chart's etcd ask every client for a certificate: give the controllers "
+     "one with fleet.tls.secretName"),
+    ({"fleet": {"endpoints": TLS_MEMBERS, "etcd": {"tls": {"secretName": "m"}}, "tls": {"secretName": "s"}}},
+     "fleet.etcd.tls.secretName is the certificate of the chart's own etcd: set fleet.etcd.deploy=true"),
     ({"fleet": {"endpoints": ETCD_MEMBERS, "tls": {"secretName": "s"}}},
      "fleet.tls.secretName needs every fleet.endpoints URL as https://, got http://10.0.0.11:2379"),
 ], ids=["both-etcds", "max-nodes-alone", "max-percent-alone", "ttl-alone", "prefix-alone", "tls-own-etcd",
-        "tls-http"])
+        "own-etcd-tls-no-client-cert", "own-etcd-tls-without-own-etcd", "tls-http"])
 def test_chart_refuses_fleet_values_that_cannot_work(values, message):
     helm = _helm()
     with pytest.raises(helm.HelmError) as refused:
@@ -738,39 +747,52 @@ def test_fleet_schema_refuses_what_the_cli_refuses(capsys):
                 assert schema_takes == cli_takes, (key, sample, schema_takes, capsys.readouterr().err)
 
 
-def test_chart_etcd_command_line_forms_a_healthy_cluster(tmp_path):
-    """The StatefulSet's etcd command line, run for real: each member with its
-    pod's options, the DNS names and 0.0.0.0 swapped for loopback ports and
-    the data directory for a temp one, every other option as rendered. The
-    three members form one cluster that reports healthy, under their pod
-    names, and the DaemonSet's --fleet-etcd URLs reach them."""
-    etcd = _tool("etcd", "etcd-server")
-    objs = _objects(FLEET_ETCD)
-    _, c, options = _etcd_member(objs)
-    names = list(dict(e.split("=", 1) for e in options["--initial-cluster"].split(",")))
-    (mount,) = c["volumeMounts"]
-    client = {n: free_port() for n in names}
-    peer = {n: free_port() for n in names}
-    # every address of the rendered command line, and where it goes here
-    domain = f"{objs[('StatefulSet', 'reflexarc-etcd')]['spec']['serviceName']}.reflexarc.svc.cluster.local"
-    swaps = {f"http://{n}.{domain}:{port}": f"http://127.0.0.1:{ports[n]}"
-             for n in names for port, ports in ((2379, client), (2380, peer))}
-    procs, logs = [], []
-    try:
-        for n in names:
-            own = {**swaps, "http://0.0.0.0:2379": f"http://127.0.0.1:{client[n]}",
-                   "http://0.0.0.0:2380": f"http://127.0.0.1:{peer[n]}", mount["mountPath"]: str(tmp_path / n)}
+class _Members:
+    """The chart's etcd StatefulSet command line run for real, one process per
+    member: each with its pod's options, the DNS names and 0.0.0.0 swapped for
+    loopback ports, the data directory for a temp one and the Secret's files
+    (``certs``: ``{file name: path}``) for local ones, every other option as
+    rendered. ``client`` and ``health`` are each member's URLs."""
+
+    def __init__(self, objs, tmp_path: Path, certs: dict[str, str] | None = None) -> None:
+        self.objs, self.tmp = objs, tmp_path
+        _, self.container, options = _etcd_member(objs)
+        self.names = list(dict(e.split("=", 1) for e in options["--initial-cluster"].split(",")))
+        self.scheme = options["--listen-client-urls"].split("://")[0]
+        self.certs = certs or {}
+        self.procs, self.logs = [], []
+        ports = {n: (free_port(), free_port(), free_port()) for n in self.names}
+        self.client = {n: f"{self.scheme}://127.0.0.1:{ports[n][0]}" for n in self.names}
+        self.health = {n: (f"http://127.0.0.1:{ports[n][2]}" if "--listen-metrics-urls" in options
+                           else self.client[n]) for n in self.names}
+        domain = f"{objs[('StatefulSet', 'reflexarc-etcd')]['spec']['serviceName']}.reflexarc.svc.cluster.local"
+        # every address of the rendered command line, and where it goes here
+        self.swaps = {f"{self.scheme}://{n}.{domain}:{port}": f"{self.scheme}://127.0.0.1:{ports[n][i]}"
+                      for n in self.names for i, port in ((0, 2379), (1, 2380))}
+        self.ports = ports
+
+    def __enter__(self) -> "_Members":
+        etcd = _tool("etcd", "etcd-server")
+        mounts = {m["name"]: m["mountPath"] for m in self.container["volumeMounts"]}
+        for n in self.names:
+            client, peer, health = self.ports[n]
+            own = {**self.swaps, f"{self.scheme}://0.0.0.0:2379": f"{self.scheme}://127.0.0.1:{client}",
+                   f"{self.scheme}://0.0.0.0:2380": f"{self.scheme}://127.0.0.1:{peer}",
+                   "http://0.0.0.0:2381": f"http://127.0.0.1:{health}", mounts["data"]: str(self.tmp / n),
+                   **{f"{mounts['tls']}/{f}": path for f, path in self.certs.items() if "tls" in mounts}}
             argv = []
-            for arg in c["args"]:
+            for arg in self.container["args"]:
                 arg = _expand(arg, {"POD_NAME": n})
                 for old, new in own.items():
                     arg = arg.replace(old, new)
-                assert "svc.cluster.local" not in arg and "0.0.0.0" not in arg, arg
+                assert "svc.cluster.local" not in arg and "0.0.0.0" not in arg and "/etc/etcd" not in arg, arg
                 argv.append(arg)
-            logs.append(open(tmp_path / f"{n}.log", "wb"))
-            procs.append(subprocess.Popen([etcd, *argv], stdout=logs[-1], stderr=subprocess.STDOUT,
-                                          start_new_session=True))
+            self.logs.append(open(self.tmp / f"{n}.log", "wb"))
+            self.procs.append(subprocess.Popen([etcd, *argv], stdout=self.logs[-1], stderr=subprocess.STDOUT,
+                                               start_new_session=True))
+        return self
 
+    def wait_healthy(self) -> None:
         def health(url: str) -> str | None:
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
@@ -778,32 +800,79 @@ def test_chart_etcd_command_line_forms_a_healthy_cluster(tmp_path):
             except (OSError, ValueError):
                 return None
 
-        urls = [f"http://127.0.0.1:{client[n]}" for n in names]
         deadline = time.monotonic() + 60
-        while not all(health(u) == "true" for u in urls):
-            assert all(p.poll() is None for p in procs), "\n".join(
-                (tmp_path / f"{n}.log").read_text(errors="replace")[-1500:] for n in names)
+        while not all(health(u) == "true" for u in self.health.values()):
+            assert all(p.poll() is None for p in self.procs), "\n".join(
+                (self.tmp / f"{n}.log").read_text(errors="replace")[-1500:] for n in self.names)
             assert time.monotonic() < deadline, "the members did not become healthy in 60 s"
             time.sleep(0.2)
-        request = urllib.request.Request(f"{urls[0]}/v3/cluster/member/list", data=b"{}", method="POST")
-        with urllib.request.urlopen(request, timeout=5) as response:
-            members = json.load(response)["members"]
-        assert sorted(m["name"] for m in members) == names
-        assert sorted(u for m in members for u in m["clientURLs"]) == sorted(urls)
-        # the controllers' URLs are these members' client URLs
-        args, _ = _parse_container_command(_container(objs))
-        assert [swaps[u] for u in args.fleet_etcd] == urls
-    finally:
-        for proc in procs:
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:
             proc.terminate()
-        for proc in procs:
+        for proc in self.procs:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for log in logs:
+        for log in self.logs:
             log.close()
+
+
+def test_chart_etcd_command_line_forms_a_healthy_cluster(tmp_path):
+    """The StatefulSet's etcd command line, run for real (``_Members``). The
+    three members form one cluster that reports healthy, under their pod
+    names, and the DaemonSet's --fleet-etcd URLs reach them."""
+    objs = _objects(FLEET_ETCD)
+    with _Members(objs, tmp_path) as members:
+        members.wait_healthy()
+        urls = [members.client[n] for n in members.names]
+        request = urllib.request.Request(f"{urls[0]}/v3/cluster/member/list", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            listed = json.load(response)["members"]
+        assert sorted(m["name"] for m in listed) == members.names
+        assert sorted(u for m in listed for u in m["clientURLs"]) == sorted(urls)
+        # the controllers' URLs are these members' client URLs
+        args, _ = _parse_container_command(_container(objs))
+        assert [members.swaps[u] for u in args.fleet_etcd] == urls
+
+
+def test_chart_etcd_with_tls_asks_every_client_and_peer_for_a_certificate(tmp_path):
+    """fleet.etcd.tls.secretName: the same command line with the Secret's
+    files made by a private CA (openssl). The members join over https with
+    each other's certificates and report healthy on their plain /health port;
+    the controllers' --fleet-etcd URLs and their certificate (the
+    fleet.tls.secretName mount) read and write; a client without one, or with
+    one another CA signed, is refused."""
+    from reflexarc.controller.fleet.store import ClientTls, EtcdStore, StoreError
+    from reflexarc.simulations.testbed.tls import make_certificates
+    certs = make_certificates(tmp_path / "certs")
+    objs = _objects(FLEET_ETCD_TLS)
+    sts = objs[("StatefulSet", "reflexarc-etcd")]
+    (volume,) = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+    assert volume["secret"] == {"secretName": "fleet-etcd-members", "defaultMode": 0o440}
+    _, member, options = _etcd_member(objs)
+    assert set(options) <= _etcd_help_flags(), f"options etcd does not know: {set(options) - _etcd_help_flags()}"
+    assert [member[p]["httpGet"]["port"] for p in ("startupProbe", "readinessProbe", "livenessProbe")] == \
+        ["health"] * 3
+    files = {"tls.crt": str(certs.server_cert), "tls.key": str(certs.server_key), "ca.crt": str(certs.ca)}
+    with _Members(objs, tmp_path, files) as members:
+        assert members.scheme == "https"
+        members.wait_healthy()
+        args, _ = _parse_container_command(_container(objs))
+        urls = [members.swaps[u] for u in args.fleet_etcd]
+        assert urls == [members.client[n] for n in members.names]
+        mount = "/etc/reflexarc/fleet-tls"
+        assert (args.fleet_ca, args.fleet_cert, args.fleet_key) == (f"{mount}/ca.crt", f"{mount}/tls.crt",
+                                                                    f"{mount}/tls.key")
+        node = EtcdStore(urls, tls=ClientTls(str(certs.ca), str(certs.client_cert), str(certs.client_key)))
+        node.put("/rx/t", "1")
+        assert node.count("/rx/") == 1
+        for tls in (ClientTls(str(certs.ca), None, None),
+                    ClientTls(str(certs.ca), str(certs.stranger_cert), str(certs.stranger_key))):
+            with pytest.raises(StoreError, match="TLS"):
+                EtcdStore(urls, tls=tls).count("/rx/")
 
 
 @pytest.mark.parametrize("values", [{"mode": "yolo"}, {"metrics": {"port": 0}}, {"moed": "enforce"},

@@ -51,6 +51,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{/* The scheme the chart's etcd serves its clients and peers: https with fleet.etcd.tls.secretName. */}}
+{{- define "reflexarc.etcd.scheme" -}}
+{{- if .Values.fleet.etcd.tls.secretName -}}https{{- else -}}http{{- end -}}
+{{- end -}}
+
 {{- define "reflexarc.etcd.image" -}}
 {{- if .Values.fleet.etcd.image.digest -}}
 {{ .Values.fleet.etcd.image.repository }}@{{ .Values.fleet.etcd.image.digest }}
@@ -75,8 +80,14 @@ work together: both etcds, or a fleet setting without an etcd.
 {{- if and $fleet.etcd.deploy $fleet.endpoints -}}
 {{- fail "fleet.etcd.deploy=true runs the chart's own etcd, and fleet.endpoints names another: give one of them" -}}
 {{- end -}}
-{{- if and $fleet.tls.secretName (not $fleet.endpoints) -}}
-{{- fail "fleet.tls.secretName is for an existing etcd that serves https:// (fleet.endpoints); the chart's own etcd serves plain HTTP" -}}
+{{- if and $fleet.etcd.tls.secretName (not $fleet.etcd.deploy) -}}
+{{- fail "fleet.etcd.tls.secretName is the certificate of the chart's own etcd: set fleet.etcd.deploy=true, or give an existing etcd's https:// URLs as fleet.endpoints and the controllers' certificate as fleet.tls.secretName" -}}
+{{- end -}}
+{{- if and $fleet.etcd.deploy $fleet.etcd.tls.secretName (not $fleet.tls.secretName) -}}
+{{- fail "fleet.etcd.tls.secretName makes the chart's etcd ask every client for a certificate: give the controllers one with fleet.tls.secretName (ca.crt, tls.crt, tls.key)" -}}
+{{- end -}}
+{{- if and $fleet.tls.secretName (not $fleet.endpoints) (not $fleet.etcd.tls.secretName) -}}
+{{- fail "fleet.tls.secretName is for an etcd that serves https://: an existing one (fleet.endpoints), or the chart's own with fleet.etcd.tls.secretName; the chart's own etcd serves plain HTTP without it" -}}
 {{- end -}}
 {{- if $fleet.tls.secretName -}}
 {{- range $fleet.endpoints -}}
@@ -88,7 +99,7 @@ work together: both etcds, or a fleet setting without an etcd.
 {{- if $fleet.etcd.deploy -}}
 {{- $urls := list -}}
 {{- range $i := until (int $fleet.etcd.replicas) -}}
-{{- $urls = append $urls (printf "http://%s:2379" (include "reflexarc.etcd.host" (list $ $i))) -}}
+{{- $urls = append $urls (printf "%s://%s:2379" (include "reflexarc.etcd.scheme" $) (include "reflexarc.etcd.host" (list $ $i))) -}}
 {{- end -}}
 {{- join "," $urls -}}
 {{- else if $fleet.endpoints -}}
