@@ -62,6 +62,7 @@ bench: setup
 	$(PY) -m reflexarc.simulations.testbed loop --also-unmodified --two-jobs --out out/closed-loop \
 		--results bench/results/closed_loop.json
 	$(PY) bench/reaction.py
+	$(PY) bench/arrivals.py
 	$(PY) bench/cost_table.py --out bench/results/cost_table.md
 
 soak: setup

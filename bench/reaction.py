@@ -119,7 +119,7 @@ def _since(onset: float, ts: float | None) -> float | None:
 
 class Bench:
     def __init__(self, tb: Testbed, job, out_dir: Path, exporter: str, am_url: str, seed: int,
-                 interval: float) -> None:
+                 interval: float, arrivals: float) -> None:
         self.tb, self.job, self.out_dir, self.exporter, self.am_url = tb, job, out_dir, exporter, am_url
         self.policy_dir = out_dir / "policies"
         fill_selectors(POLICY_DIR, self.policy_dir, fills(tb, job))
@@ -127,11 +127,11 @@ class Bench:
         self.exporting: ControllerProcess | None = None
         self.base_ms = 0.0
         self.rng = random.Random(seed)
-        self.interval = interval
+        self.interval, self.arrivals = interval, arrivals
 
     def controller(self, mode: str, name: str) -> ControllerProcess:
         return ControllerProcess(self.policy_dir, self.out_dir / name, self.tb.hook_dir, mode=mode, metrics_addr=self.exporter, alertmanager_url=self.am_url,
-                                 interval=self.interval)
+                                 interval=self.interval, arrivals=self.arrivals)
 
     def export(self) -> None:
         """The dry-run controller that exports the signals to the conventional pipelines."""
@@ -255,7 +255,8 @@ def table(doc: dict) -> str:
     for name, st in doc["summary"].items():
         cfg = doc["settings"].get(name)
         knobs = (f"{cfg['scrape_s']:g} s / {cfg['eval_s']:g} s / {cfg['group_wait_s']:g} s" if cfg
-                 else f"probe -> rule, {doc['interval_s']:g} s ticks")
+                 else f"probe -> rule, {doc['interval_s']:g} s ticks"
+                 + (f", arrivals {doc['arrivals_s']:g} s" if doc.get("arrivals_s") else ""))
         r = doc["ratios"].get(name, {})
         ratio = lambda key: ("1" if name == "reflexarc" else f"{r[key]:g}" if r.get(key) is not None  # noqa: E731
                              else "-")
@@ -280,7 +281,7 @@ def run(args) -> dict:
         job = tb.start_job(duration=None)
         _first_steps(job)
         bench = Bench(tb, job, out_dir, f"127.0.0.1:{free_port()}", am.url, args.seed,
-                      args.interval)
+                      args.interval, args.arrivals)
         bench.export()
         time.sleep(args.settle)
         bench.base_ms = _median_ms(job, time.time() - args.settle + 5.0, time.time())
@@ -320,7 +321,7 @@ def run(args) -> dict:
             "wall_s": round(time.time() - started, 1), "quick": args.quick, "rounds": args.rounds,
             "fault": "a: bulk upload on the bottleneck, DSCP CS1 demotion", "policy": bench.rule.policy,
             "for_s": bench.rule.for_s, "policy_for_s": bench.rule.policy_for_s, "window_s": bench.rule.window_s,
-            "interval_s": args.interval,
+            "interval_s": args.interval, "arrivals_s": args.arrivals,
             "seed": args.seed,
             "healthy_step_ms": round(bench.base_ms, 1), "testbed": tb.prefix,
             "settings": {name: SETTINGS[name].describe() | {"window_s": SETTINGS[name].window_s(bench.rule.window_s)}
@@ -335,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=20.0, help="seconds of healthy steps before the first trial")
     ap.add_argument("--interval", type=float, default=1.0,
                     help="the controller's tick, for reflexarc and the exporter alike (default %(default)s s)")
+    ap.add_argument("--arrivals", type=float, default=0.2,
+                    help="how often the controllers take the step signals between two ticks, as run --arrivals "
+                         "(default %(default)s s; 0: only on the tick)")
     ap.add_argument("--seed", type=int, default=11, help="of the onsets' random phases (default %(default)s)")
     ap.add_argument("--quick", action="store_true", help="reflexarc and tightest, one round (proves the harness)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/reaction.json"))

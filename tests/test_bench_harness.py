@@ -81,3 +81,18 @@ def test_reaction_bench_quick_runs_both_pipelines_on_the_real_fault(tmp_path):
     assert open_changes(work / "state-script") == [], "the script's change was rolled back"
     assert residue(result["testbed"]) == [], "the testbed left something behind"
     assert "| reflexarc " in r.stdout and "| tightest " in r.stdout
+
+
+def test_arrivals_bench_quick_measures_both_settings(tmp_path):
+    """``bench/arrivals.py`` with one short lifetime per setting: the real
+    controller beside a churning DataLoader job, each setting measured; the
+    figures are not checked."""
+    require_bpf()
+    out = tmp_path / "arrivals.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "arrivals.py"), "--rounds", "1", "--window", "3",
+                        "--settle", "8", "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["controller_cpu_pct"]) == {"arrivals_0", "arrivals_0.2"}
+    assert all(len(v) == 1 and v[0] > 0 for v in result["controller_cpu_pct"].values()), result
+    assert result["ratio_0.2_over_0"] is not None

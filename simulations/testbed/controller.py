@@ -91,7 +91,7 @@ class ControllerProcess:
     def __init__(self, policy_dir: Path, state_dir: Path, hook_dir: Path, *, interval: float = 1.0,
                  sys_root: str | None = None, alertmanager_url: str | None = None,
                  webhook_url: str | None = None, log: Path | None = None,
-                 mode: str = "enforce", metrics_addr: str | None = None) -> None:
+                 mode: str = "enforce", metrics_addr: str | None = None, arrivals: float | None = None) -> None:
         self.policy_dir, self.state_dir, self.hook_dir = Path(policy_dir), Path(state_dir), Path(hook_dir)
         self.audit_path = self.state_dir / "audit.jsonl"
         self.log_path = log or self.state_dir / "controller.log"
@@ -106,6 +106,8 @@ class ControllerProcess:
                  "--kill-switch", str(self.state_dir / "disable")]
         if metrics_addr:
             argv += ["--metrics-addr", metrics_addr]
+        if arrivals is not None:               # else run's default
+            argv += ["--arrivals", str(arrivals)]
         self.argv = argv
         self.proc: subprocess.Popen | None = None
         self.armed_at = 0.0
