@@ -289,6 +289,8 @@ def test_a_stop_that_leaves_changes_applied_keeps_their_slots_until_the_node_is_
     assert held("q") == [], "a slot of a change undone at the stop is freed"
     b = budgets("b", max_nodes=1, park_ttl=8)
     assert reason_of(lambda: b.take("p", "x")) == "budget-full", "the parked slot still counts"
+    status = run_cli("fleet", "status", "--fleet-etcd", ",".join(etcd.endpoints), "--fleet-prefix", budgets.prefix)
+    assert "pool p: held by a (slot 0, parked at " in status.stdout, status.stdout
     again = budgets("a", max_nodes=1, park_ttl=8)
     assert again.take("p", "r/pid=1", ahead=True) == key, "its own slot back, past the node waiting for it"
     (back,) = held("p")
@@ -337,6 +339,9 @@ def test_a_share_of_the_jobs_own_nodes_counts_the_nodes_that_registered_the_job(
     fresh = of_job.pool("p", {"job": "new job/x"})
     assert nodes["c"].take(fresh, "r/pid=3", of_job)
     assert observer.count(f"{budgets.prefix}/jobs/new%20job%2Fx/") == 1, "the asking node counts itself"
+    status = run_cli("fleet", "status", "--fleet-etcd", ",".join(etcd.endpoints), "--fleet-prefix", budgets.prefix)
+    assert "job llama: on 1 node(s): a\n" in status.stdout and "job new job/x: on 1 node(s): c" in status.stdout, \
+        status.stdout
 
 
 @pytest.mark.slow

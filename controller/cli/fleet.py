@@ -49,9 +49,12 @@ def _status(args, store) -> int:
         return 0
     print(f"fleet {view['prefix']}: {len(view['nodes'])} node(s) alive" +
           (f": {', '.join(view['nodes'])}" if view["nodes"] else ""))
+    for job, on in sorted(view["jobs"].items()):
+        print(f"job {job}: on {len(on)} node(s): {', '.join(on)}")
     for name, pool in sorted(view["pools"].items()):
-        held = ", ".join(f"{s.get('node', '?')} (slot {s['slot']}, since {_clock(s.get('since'))})"
-                         for s in pool["slots"]) or "none"
+        held = ", ".join(f"{s.get('node', '?')} (slot {s['slot']}, " + (
+            f"parked at {_clock(s['parked'])}: its node stopped with the change applied)" if "parked" in s
+            else f"since {_clock(s.get('since'))})") for s in pool["slots"]) or "none"
         waiting = ", ".join(w["node"] for w in pool["waiting"])
         print(f"pool {name}: held by {held}" + (f"; waiting: {waiting}" if waiting else ""))
     for name, r in sorted(view["rollouts"].items()):

@@ -1,6 +1,7 @@
 """The whole fleet as its store holds it, in one read: the live nodes, each
-pool's slots and queue (``budget.py``), each policy's rollout and breaker
-(``rollout.py``). ``reflexarc fleet status`` prints it.
+pool's slots and queue (``budget.py``), the nodes each job is registered on,
+each policy's rollout and breaker (``rollout.py``). ``reflexarc fleet status``
+prints it.
 
 Example::
 
@@ -8,12 +9,14 @@ Example::
     view["nodes"]                   # ["node-0", "node-1"]
     view["pools"]["policy:p"]       # {"slots": [{"slot": 0, "node": "node-0", ...}], "waiting": [...]}
     view["rollouts"]["p"]           # {"stage": 1, "open": False, "seats": [...], ...}
+    view["jobs"]["llama"]           # ["node-0", "node-3"]: the nodes that registered the job
 
 Overhead: one range read of the prefix.
 """
 from __future__ import annotations
 
 import json
+import urllib.parse
 
 from .rollout import State
 from .store import EtcdStore
@@ -29,7 +32,7 @@ def _json(text: str) -> dict:
 
 def fleet_view(store: EtcdStore, prefix: str) -> dict:
     prefix = prefix.rstrip("/")
-    nodes, pools, rollouts = [], {}, {}
+    nodes, pools, rollouts, jobs = [], {}, {}, {}
     for e in store.prefix(f"{prefix}/"):
         parts = e.key[len(prefix) + 1:].split("/")
         if parts[0] == "nodes" and len(parts) == 2:
@@ -40,6 +43,8 @@ def fleet_view(store: EtcdStore, prefix: str) -> dict:
                 pool["slots"].append({"slot": parts[3], **_json(e.value)})
             elif parts[2] == "waiting":
                 pool["waiting"].append({"node": parts[3], "created": e.created, **_json(e.value)})
+        elif parts[0] == "jobs" and len(parts) == 3:
+            jobs.setdefault(urllib.parse.unquote(parts[1]), []).append(parts[2])
         elif parts[0] == "rollouts" and len(parts) >= 3:
             rollout = rollouts.setdefault(parts[1], {"seats": []})
             if parts[2] == "state":
@@ -51,4 +56,5 @@ def fleet_view(store: EtcdStore, prefix: str) -> dict:
                 rollout["seats"].append({"node": parts[3], **_json(e.value)})
     for pool in pools.values():
         pool["waiting"].sort(key=lambda w: w["created"])
-    return {"prefix": prefix, "nodes": sorted(nodes), "pools": pools, "rollouts": rollouts}
+    return {"prefix": prefix, "nodes": sorted(nodes), "pools": pools, "rollouts": rollouts,
+            "jobs": {job: sorted(on) for job, on in jobs.items()}}
