@@ -183,14 +183,7 @@ class ProbeManager:
         ``exited`` to the processes that exited since the last collect, which
         the probes forget once they reported their last counts here."""
         exited = self._drain_exits()
-        out: list[Sample] = []
-        for name, probe in list(self._probes.items()):
-            if probe.status.state not in RUNNING:
-                continue
-            try:
-                out.extend(probe.collect(now))
-            except Exception as exc:
-                self._fail(name, probe, exc)
+        out = self._from_running("collect", now)
         for key, s in list(self._deep.items()):
             try:
                 out.extend(s.probe.collect(now))
@@ -212,17 +205,23 @@ class ProbeManager:
         """Between two collects: what the running probes that give arrivals
         (``collect_arrived``: the step signals) took since, labelled like
         ``collect``'s samples. A probe whose call raises is failed the same way."""
-        out: list[Sample] = []
-        for name, probe in list(self._probes.items()):
-            arrived = getattr(probe, "collect_arrived", None)
-            if arrived is None or probe.status.state not in RUNNING:
-                continue
-            try:
-                out.extend(arrived(now))
-            except Exception as exc:
-                self._fail(name, probe, exc)
+        out = self._from_running("collect_arrived", now)
         for _, labels, _ in out:
             self.label_job(labels)
+        return out
+
+    def _from_running(self, method: str, now: float) -> list[Sample]:
+        """``method(now)`` of every running light probe that has it; one that
+        raises is stopped and marked unsupported, the others are unaffected."""
+        out: list[Sample] = []
+        for name, probe in list(self._probes.items()):
+            call = getattr(probe, method, None)
+            if call is None or probe.status.state not in RUNNING:
+                continue
+            try:
+                out.extend(call(now))
+            except Exception as exc:
+                self._fail(name, probe, exc)
         return out
 
     def _drain_exits(self) -> frozenset[int]:
